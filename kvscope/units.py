@@ -1,0 +1,83 @@
+"""Byte sizes and bandwidths as people write them in scenarios ("88.1KB", "50GiB", "400Gb/s").
+
+Decimal units are powers of 1000 and binary units powers of 1024, as DESIGN.md fixes; a bandwidth in
+bits (Gb/s, Gbps) is converted to bytes per second so every cost in kvscope is in bytes.
+"""
+
+from __future__ import annotations
+
+import re
+
+_SIZE_UNITS: dict[str, int] = {
+    "B": 1,
+    "KB": 1000,
+    "kB": 1000,
+    "MB": 1000**2,
+    "GB": 1000**3,
+    "TB": 1000**4,
+    "PB": 1000**5,
+    "KiB": 1024,
+    "MiB": 1024**2,
+    "GiB": 1024**3,
+    "TiB": 1024**4,
+    "PiB": 1024**5,
+}
+_BIT_RATE_UNITS: dict[str, float] = {"b": 1 / 8, "Kb": 1e3 / 8, "Mb": 1e6 / 8, "Gb": 1e9 / 8, "Tb": 1e12 / 8}
+_NUMBER_UNIT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
+
+
+def parse_size(value: str | int | float) -> int:
+    """Bytes in `value`: a number of bytes or a string such as "88.1KB" or "50 GiB" (rounded to a byte)."""
+    if isinstance(value, bool):
+        raise ValueError(f"invalid size {value!r}: expected a number of bytes or a string like '50GiB'")
+    if isinstance(value, int | float):
+        if value < 0:
+            raise ValueError(f"invalid size {value!r}: must not be negative")
+        return round(value)
+    match = _NUMBER_UNIT.match(value)
+    if not match:
+        raise ValueError(f"invalid size {value!r}: expected a number and a unit, like '88.1KB' or '50GiB'")
+    number, unit = float(match.group(1)), match.group(2) or "B"
+    if unit not in _SIZE_UNITS:
+        raise ValueError(f"invalid size {value!r}: unit {unit!r} is not one of {', '.join(_SIZE_UNITS)}")
+    return round(number * _SIZE_UNITS[unit])
+
+
+def parse_bandwidth(value: str | int | float) -> float:
+    """Bytes per second in `value`: a number (bytes/s), "50GB/s", "400Gb/s" or "400Gbps"."""
+    if isinstance(value, bool):
+        raise ValueError(f"invalid bandwidth {value!r}")
+    if isinstance(value, int | float):
+        if value <= 0:
+            raise ValueError(f"invalid bandwidth {value!r}: must be positive")
+        return float(value)
+    text = value.strip()
+    for suffix in ("/s", "ps"):
+        if text.endswith(suffix):
+            text = text[: -len(suffix)]
+            break
+    else:
+        raise ValueError(f"invalid bandwidth {value!r}: expected a rate like '400Gb/s', '400Gbps' or '50GB/s'")
+    match = _NUMBER_UNIT.match(text)
+    if not match:
+        raise ValueError(f"invalid bandwidth {value!r}: expected a rate like '400Gb/s' or '50GB/s'")
+    number, unit = float(match.group(1)), match.group(2)
+    if unit in _BIT_RATE_UNITS:
+        rate = number * _BIT_RATE_UNITS[unit]
+    elif unit in _SIZE_UNITS:
+        rate = number * _SIZE_UNITS[unit]
+    else:
+        units = ", ".join([*_BIT_RATE_UNITS, *_SIZE_UNITS])
+        raise ValueError(f"invalid bandwidth {value!r}: unit {unit!r} is not one of {units} (per second)")
+    if rate <= 0:
+        raise ValueError(f"invalid bandwidth {value!r}: must be positive")
+    return rate
+
+
+def format_bytes(count: float) -> str:
+    """A byte count in decimal units with four significant digits, e.g. 449.6 GB."""
+    magnitude = abs(count)
+    for unit, scale in (("PB", 1000**5), ("TB", 1000**4), ("GB", 1000**3), ("MB", 1000**2), ("KB", 1000)):
+        if magnitude >= scale:
+            return f"{count / scale:.4g} {unit}"
+    return f"{count:.0f} B"

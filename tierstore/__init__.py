@@ -1,0 +1,1 @@
+"""Embedded tiered KV block store: chained keys, tiers, eviction policies, workloads, planner, A/B runner."""

@@ -1,0 +1,165 @@
+"""A/B runner: every arm of a scenario served on its own embedded store, reported per round.
+
+The output is DESIGN.md's simulation contract (validated by `ab_result.schema.json`). Each arm replays the
+same request stream; per-round tier figures are deltas of the store's own counters, the same counters the
+exporters publish, so a simulated run and a recorded one are read the same way.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvscope.tierstore import scenario as spec
+from kvscope.tierstore.backends import make_backend
+from kvscope.tierstore.engine import EngineEmulator, Served
+from kvscope.tierstore.planner import Plan, plan
+from kvscope.tierstore.policies import make_policy
+from kvscope.tierstore.store import TieredStore
+from kvscope.tierstore.tier import Tier
+from kvscope.tierstore.workloads import make_workload
+
+from kvscope import __version__
+
+RoundCallback = Callable[[str, dict], None]
+
+
+def build_store(arm: spec.ArmSpec, block_bytes: int, arm_name: str, workdir: Path | None) -> TieredStore:
+    """An arm's store; file backends without a path get `<workdir>/<arm>-<tier>.blocks`."""
+    tiers = []
+    for tier in arm.tiers:
+        path = tier.path
+        if tier.backend == "file" and path is None:
+            if workdir is None:
+                raise ValueError(f"arm {arm_name!r}, tier {tier.name!r}: the file backend needs a path or a workdir")
+            path = workdir / f"{arm_name}-{tier.name}.blocks"
+        backend = make_backend(tier.backend, tier.capacity, block_bytes, path, tier.o_direct)
+        tiers.append(Tier(tier.name, tier.capacity, make_policy(tier.policy), backend, tier.read_bandwidth))
+    return TieredStore(tiers, arm.placement, arm.promote_on_hit)
+
+
+def build_engine(scenario: spec.Scenario, store: TieredStore) -> EngineEmulator:
+    gpu_spec = scenario.engine.gpu_cache
+    gpu = Tier("gpu", gpu_spec.capacity, make_policy(gpu_spec.policy)) if gpu_spec else None
+    return EngineEmulator(store, scenario.block_tokens, scenario.block_bytes, scenario.engine.prefill_tokens_per_s, gpu)
+
+
+@dataclass
+class _RoundTally:
+    requests: int = 0
+    query_tokens: int = 0
+    hit_tokens: int = 0
+    gpu_hit_tokens: int = 0
+    recompute_tokens: int = 0
+    put_bytes: int = 0
+    ttft_s: list[float] = field(default_factory=list)
+
+    def add(self, served: Served) -> None:
+        self.requests += 1
+        self.query_tokens += served.prompt_tokens
+        self.hit_tokens += served.hit_tokens
+        self.gpu_hit_tokens += served.gpu_hit_tokens
+        self.recompute_tokens += served.recompute_tokens
+        self.put_bytes += served.put_bytes
+        self.ttft_s.append(served.ttft_s)
+
+
+def run_arm(
+    scenario: spec.Scenario,
+    name: str,
+    the_plan: Plan,
+    on_round: RoundCallback | None = None,
+    workdir: Path | None = None,
+) -> dict:
+    """Serve the scenario's requests on arm `name`; returns the arm's object of the contract."""
+    store = build_store(scenario.arms[name], scenario.block_bytes, name, workdir)
+    engine = build_engine(scenario, store)
+    engine_tiers = ([engine.gpu_cache] if engine.gpu_cache else []) + store.tiers
+    rows = []
+    try:
+        before = _snapshot(engine_tiers)
+        for index, requests in enumerate(make_workload(scenario).rounds()):
+            tally = _RoundTally()
+            for request in requests:
+                tally.add(engine.serve(request))
+            after = _snapshot(engine_tiers)
+            row = _round_row(index + 1, tally, the_plan.rounds[index].ideal_hit_ratio, before, after)
+            rows.append(row)
+            before = after
+            if on_round:
+                on_round(name, row)
+    finally:
+        store.close()
+    observed = observed_collapse_round(rows, scenario.prediction.collapse_tolerance)
+    return {
+        "rounds": rows,
+        "totals": _totals(
+            rows,
+            store.counters() | ({"gpu": engine.gpu_cache.counters.as_dict()} if engine.gpu_cache else {}),
+        ),
+        "prediction": the_plan.arm_json(name),
+        "observed_collapse_round": observed,
+    }
+
+
+def run_ab(scenario: spec.Scenario, on_round: RoundCallback | None = None, workdir: Path | None = None) -> dict:
+    """Every arm of the scenario, in the contract's shape."""
+    the_plan = plan(scenario)
+    return {
+        "kvscope_version": __version__,
+        "scenario": scenario.model_dump(mode="json"),
+        "arms": {name: run_arm(scenario, name, the_plan, on_round, workdir) for name in scenario.arms},
+    }
+
+
+def observed_collapse_round(rows: list[dict], tolerance: float) -> int | None:
+    """The first round whose hit ratio fell below (1 - tolerance) x its ideal: hits lost to eviction."""
+    return next((r["round"] for r in rows if r["hit_ratio"] < (1 - tolerance) * r["ideal_hit_ratio"]), None)
+
+
+def _snapshot(tiers: list[Tier]) -> dict[str, dict[str, int]]:
+    return {tier.name: tier.counters.as_dict() for tier in tiers}
+
+
+def _delta(before: dict, after: dict, counter: str) -> dict[str, int]:
+    return {tier: after[tier][counter] - before[tier][counter] for tier in after}
+
+
+def _round_row(number: int, tally: _RoundTally, ideal: float, before: dict, after: dict) -> dict:
+    ttft = sorted(tally.ttft_s)
+    return {
+        "round": number,
+        "requests": tally.requests,
+        "query_tokens": tally.query_tokens,
+        "hit_tokens": tally.hit_tokens,
+        "gpu_hit_tokens": tally.gpu_hit_tokens,
+        "hit_ratio": tally.hit_tokens / tally.query_tokens if tally.query_tokens else 0.0,
+        "ideal_hit_ratio": ideal,
+        "recompute_tokens_per_request": tally.recompute_tokens / tally.requests if tally.requests else 0.0,
+        "put_bytes": tally.put_bytes,
+        "written_bytes": _delta(before, after, "written_bytes"),
+        "read_bytes": _delta(before, after, "read_bytes"),
+        "evictions": _delta(before, after, "evictions"),
+        "allocated_bytes": {tier: counters["allocated_bytes"] for tier, counters in after.items()},
+        "ttft_s": {
+            "mean": statistics.fmean(ttft) if ttft else 0.0,
+            "p50": ttft[len(ttft) // 2] if ttft else 0.0,
+            "p99": ttft[min(len(ttft) - 1, int(len(ttft) * 0.99))] if ttft else 0.0,
+        },
+    }
+
+
+def _totals(rows: list[dict], counters: dict[str, dict[str, int]]) -> dict:
+    query = sum(r["query_tokens"] for r in rows)
+    hits = sum(r["hit_tokens"] for r in rows)
+    return {
+        "query_tokens": query,
+        "hit_tokens": hits,
+        "hit_ratio": hits / query if query else 0.0,
+        "put_bytes": sum(r["put_bytes"] for r in rows),
+        "written_bytes": {tier: c["written_bytes"] for tier, c in counters.items()},
+        "evictions": {tier: c["evictions"] for tier, c in counters.items()},
+        "tiers": counters,
+    }

@@ -1,0 +1,81 @@
+"""An inference engine with a KV connector, as far as the KV cache can tell.
+
+For each request it does what vLLM does with a prefix cache and an external store: find the longest run of
+consecutive prompt blocks present (GPU-local cache first, then the store's tiers), never more than the prompt
+less one token (the last token is always computed to produce logits), load those blocks, recompute the rest,
+and save the blocks the store lacks. TTFT is estimated from a cost model: recomputed tokens over prefill
+throughput plus hit bytes per tier over the bandwidth from engine to that tier.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvscope.tierstore.store import TieredStore
+from kvscope.tierstore.tier import Tier
+from kvscope.tierstore.workloads import Request
+
+
+@dataclass(slots=True)
+class Served:
+    """What one request cost: tokens hit per layer, tokens recomputed, bytes saved, estimated TTFT."""
+
+    prompt_tokens: int
+    gpu_hit_tokens: int
+    external_hit_tokens: int
+    recompute_tokens: int
+    put_bytes: int
+    ttft_s: float
+
+    @property
+    def hit_tokens(self) -> int:
+        return self.gpu_hit_tokens + self.external_hit_tokens
+
+
+class EngineEmulator:
+    def __init__(
+        self,
+        store: TieredStore,
+        block_tokens: int,
+        block_bytes: int,
+        prefill_tokens_per_s: float,
+        gpu_cache: Tier | None = None,
+    ) -> None:
+        self.store = store
+        self.block_tokens = block_tokens
+        self.block_bytes = block_bytes
+        self.prefill_tokens_per_s = prefill_tokens_per_s
+        self.gpu_cache = gpu_cache
+
+    def serve(self, request: Request) -> Served:
+        keys = request.keys
+        hittable = min(len(keys), (request.prompt_tokens - 1) // self.block_tokens)
+        gpu = self.gpu_cache
+        gpu_blocks = gpu.run_length(keys, 0, hittable) if gpu else 0
+        hit = self.store.prefix(keys, gpu_blocks, hittable)
+        if gpu_blocks:
+            gpu.read(keys[:gpu_blocks])  # type: ignore[union-attr]
+        read_bytes = self.store.get(keys, hit)
+        hit_blocks = gpu_blocks + hit.blocks
+        put_bytes = self.store.put(keys[hit_blocks:], self.block_bytes)
+        if request.output_keys:
+            put_bytes += self.store.put(request.output_keys, self.block_bytes)
+        if gpu:
+            computed = [key for key in keys[gpu_blocks:] if key not in gpu]
+            gpu.write(computed, self.block_bytes, is_put=False)
+            gpu.release(keys)
+        self.store.release(keys)
+        recompute = request.prompt_tokens - hit_blocks * self.block_tokens
+        ttft = recompute / self.prefill_tokens_per_s + sum(
+            nbytes / tier.read_bandwidth
+            for nbytes, tier in zip(read_bytes, self.store.tiers, strict=True)
+            if nbytes and tier.read_bandwidth
+        )
+        return Served(
+            request.prompt_tokens,
+            gpu_blocks * self.block_tokens,
+            hit.blocks * self.block_tokens,
+            recompute,
+            put_bytes,
+            ttft,
+        )

@@ -1,0 +1,211 @@
+"""The analytic model: footprint per round, the ideal hit ratio, and the round where the hit ratio collapses.
+
+Everything here is arithmetic on the scenario, done before (and without) a simulation. For a multi-round chat:
+
+- each session's cached blocks after round r are B_r = floor(T_r / block_tokens), where T_r is its prompt (plus
+  its output when output is cached); the working set is (shared blocks + sessions x own blocks) x block bytes;
+- an infinite cache serves, in round r, min(B_{r-1}, floor((P_r - 1) / block_tokens)) blocks per session
+  (vLLM always computes the prompt's last token): this ideal hit ratio is the bound every arm is measured against;
+- an arm holds one copy of the working set in its largest tier (replicate) or in all tiers together (demote);
+- in the first round whose working set exceeds that capacity, a recency policy (lru, tail_first) evicts the
+  blocks used longest ago: those of the sessions still waiting for their turn, which then miss. FIFO evicts the
+  blocks written first, the heads of sessions already served, so the misses start a round later;
+- a miss recomputes the prompt and rewrites the missing blocks, which evicts more chains: the collapse feeds
+  itself and the hit ratio falls to zero within a few rounds. The collapse round is the first that loses hits.
+
+For a trace the ideal hit ratio and the footprint come from one pass over its hash_ids with an infinite cache;
+whether an overflow collapses depends on reuse distances, so only the overflow round is predicted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvscope.tierstore import scenario as spec
+from kvscope.tierstore.workloads import MultiRoundWorkload, TraceWorkload, make_workload
+
+from kvscope.units import format_bytes
+
+
+@dataclass(slots=True)
+class RoundPlan:
+    round: int
+    requests: int
+    query_tokens: int
+    ideal_hit_tokens: int
+    footprint_bytes: int  # working set an infinite cache holds at the end of the round
+
+    @property
+    def ideal_hit_ratio(self) -> float:
+        return self.ideal_hit_tokens / self.query_tokens if self.query_tokens else 0.0
+
+
+@dataclass(slots=True)
+class ArmPrediction:
+    capacity_bytes: int  # what the arm can hold of one chain set: largest tier (replicate) or sum (demote)
+    holding_policy: str
+    overflow_round: int | None
+    collapse_round: int | None
+    explanation: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Plan:
+    block_tokens: int
+    bytes_per_token: int
+    block_bytes: int
+    rounds: list[RoundPlan]
+    arms: dict[str, ArmPrediction]
+    explanation: list[str]
+
+    def arm_json(self, arm: str) -> dict:
+        """The `prediction` object of the simulation contract for one arm."""
+        prediction = self.arms[arm]
+        return {
+            "collapse_round": prediction.collapse_round,
+            "overflow_round": prediction.overflow_round,
+            "capacity_bytes": prediction.capacity_bytes,
+            "footprint_bytes_by_round": [r.footprint_bytes for r in self.rounds],
+            "ideal_hit_ratio_by_round": [r.ideal_hit_ratio for r in self.rounds],
+            "explanation": self.explanation + prediction.explanation,
+        }
+
+
+def plan(scenario: spec.Scenario) -> Plan:
+    workload = make_workload(scenario)
+    block_bytes = scenario.block_bytes
+    if isinstance(workload, MultiRoundWorkload):
+        rounds = _multi_round(workload, block_bytes)
+    else:
+        rounds = _trace(workload, block_bytes)
+    explanation = _geometry_explanation(scenario)
+    result = Plan(
+        scenario.block_tokens,
+        scenario.kv.token_bytes,
+        scenario.block_bytes,
+        rounds,
+        {},
+        explanation,
+    )
+    for name, arm in scenario.arms.items():
+        result.arms[name] = _predict_arm(scenario, workload, result, arm)
+    return result
+
+
+def _multi_round(workload: MultiRoundWorkload, block_bytes: int) -> list[RoundPlan]:
+    w, block = workload.spec, workload.block_tokens
+    shared = w.shared_prefix_tokens // block
+    rounds: list[RoundPlan] = []
+    cached_before = 0  # blocks each session has cached before this round
+    for number in range(1, w.rounds + 1):
+        prompt = workload.prompt_tokens(number)
+        hittable = (prompt - 1) // block
+        own_hits = min(cached_before, hittable)
+        # in round 1 only the shared prefix is cached, and only once the first session has written it
+        ideal_blocks = (w.sessions - 1) * min(shared, hittable) if number == 1 else w.sessions * own_hits
+        cached_after = _cached_blocks(w, prompt, block)
+        footprint = (shared + w.sessions * (cached_after - shared)) * block_bytes
+        rounds.append(RoundPlan(number, w.sessions, w.sessions * prompt, ideal_blocks * block, footprint))
+        cached_before = cached_after
+    return rounds
+
+
+def _cached_blocks(w: spec.MultiRoundWorkload, prompt: int, block: int) -> int:
+    return (prompt + (w.output_tokens if w.output_cached else 0)) // block
+
+
+def _trace(workload: TraceWorkload, block_bytes: int) -> list[RoundPlan]:
+    seen: set[int] = set()
+    rounds: list[RoundPlan] = []
+    block = workload.block_tokens
+    for number, requests in enumerate(workload.rounds(), start=1):
+        query = hits = 0
+        for request in requests:
+            hittable = min(len(request.keys), (request.prompt_tokens - 1) // block)
+            run = 0
+            while run < hittable and request.keys[run] in seen:
+                run += 1
+            hits += run * block
+            query += request.prompt_tokens
+            seen.update(request.keys)
+        rounds.append(RoundPlan(number, len(requests), query, hits, len(seen) * block_bytes))
+    return rounds
+
+
+def _predict_arm(
+    scenario: spec.Scenario, workload: MultiRoundWorkload | TraceWorkload, result: Plan, arm: spec.ArmSpec
+) -> ArmPrediction:
+    if arm.placement == "replicate":
+        holding = max(arm.tiers, key=lambda tier: tier.capacity)
+        capacity = holding.capacity
+        how = f"replicate: every block lands in every tier, so the largest tier ({holding.name}) bounds it"
+    else:
+        holding = arm.tiers[-1]
+        capacity = sum(tier.capacity for tier in arm.tiers)
+        how = "demote: tiers are exclusive, so their capacities add up"
+    overflow = next((r.round for r in result.rounds if r.footprint_bytes > capacity), None)
+    explanation = [f"capacity {format_bytes(capacity)} ({how}); evictions by {holding.policy}"]
+    if overflow is None:
+        explanation.append("the working set never exceeds it: every round can reach its ideal, no collapse")
+        return ArmPrediction(capacity, holding.policy, None, None, explanation)
+    footprint = result.rounds[overflow - 1].footprint_bytes
+    explanation.append(f"round {overflow} is the first whose working set ({format_bytes(footprint)}) exceeds it")
+    if not isinstance(workload, MultiRoundWorkload):
+        explanation.append("for a trace, whether the overflow collapses depends on reuse: run the A/B to see")
+        return ArmPrediction(capacity, holding.policy, overflow, None, explanation)
+    collapse, reason = _collapse_round(workload, result, capacity, holding.policy, overflow)
+    explanation.append(reason)
+    if workload.spec.order != "round_robin":
+        explanation.append("the model assumes round-robin order: with shuffled order treat it as approximate")
+    return ArmPrediction(capacity, holding.policy, overflow, collapse, explanation)
+
+
+def _collapse_round(
+    workload: MultiRoundWorkload, result: Plan, capacity: int, policy: str, overflow: int
+) -> tuple[int | None, str]:
+    """The first round that loses hits, given the round whose working set first exceeds `capacity`."""
+    w = workload.spec
+    rounds = result.rounds
+    if overflow == 1:
+        loses_now, why = False, "round 1 only reuses the shared prefix, which every session keeps hot"
+    else:
+        before = rounds[overflow - 2].footprint_bytes
+        growth = (rounds[overflow - 1].footprint_bytes - before) / w.sessions  # bytes each session adds
+        room = capacity - before
+        if policy == "fifo" and w.shared_prefix_tokens < result.block_tokens:
+            # FIFO gives up blocks in the order they were first written: the round-1 heads of sessions that
+            # were served first. A session loses its head this round only if eviction outruns the turns.
+            first_written = rounds[0].footprint_bytes / w.sessions
+            loses_now = any(served * growth - room >= (served + 1) * first_written for served in range(1, w.sessions))
+            why = "fifo evicts the oldest-written blocks: the heads of sessions already served this round"
+        else:
+            # Recency policies evict the blocks used longest ago: those of the sessions not yet served this
+            # round. Someone loses blocks unless the room runs out only with the last session's save.
+            loses_now = (w.sessions - 1) * growth > room
+            why = (
+                f"{policy} evicts the blocks used longest ago, those of sessions still waiting their turn: "
+                f"room for {max(0.0, room / growth):.1f} sessions' new blocks out of {w.sessions}"
+            )
+    collapse = overflow if loses_now else overflow + 1
+    if collapse > len(rounds):
+        return None, f"{why}; the first round to lose hits would come after the last round"
+    return collapse, (
+        f"{why}: round {collapse} is the first to lose hits; each miss recomputes and rewrites its chain, "
+        "evicting more chains (the collapse feeds itself)"
+    )
+
+
+def _geometry_explanation(scenario: spec.Scenario) -> list[str]:
+    kv = scenario.kv
+    if kv.model is not None:
+        m = kv.model
+        if m.kv_lora_rank is not None:
+            source = f"MLA: {m.layers} layers x ({m.kv_lora_rank} + {m.qk_rope_head_dim or 0}) x {m.dtype}"
+        else:
+            source = f"2 (K,V) x {m.layers} layers x {m.kv_heads} KV heads x {m.head_dim} head dim x {m.dtype}"
+    else:
+        source = "given"
+    return [
+        f"KV bytes per token: {kv.token_bytes:,} B ({source})",
+        f"block: {scenario.block_tokens} tokens x {kv.token_bytes:,} B = {format_bytes(scenario.block_bytes)}",
+    ]

@@ -1,0 +1,231 @@
+"""Scenario files (YAML): the workload, the KV geometry, the engine and the arms of an A/B test.
+
+Validated with pydantic so that a bad file fails with the field's dotted path and the reason, before anything
+runs. Sizes accept B, KB, MB, GB, TB and KiB, MiB, GiB, TiB (see kvscope.units).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from kvscope.tierstore.backends import BACKENDS
+from kvscope.tierstore.policies import POLICIES
+from kvscope.tierstore.store import PLACEMENTS
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+
+from kvscope.units import parse_bandwidth, parse_size
+
+Bytes = Annotated[int, BeforeValidator(parse_size)]
+BytesPerSecond = Annotated[float, BeforeValidator(parse_bandwidth)]
+DTYPE_BYTES = {
+    "fp32": 4,
+    "float32": 4,
+    "bf16": 2,
+    "bfloat16": 2,
+    "fp16": 2,
+    "float16": 2,
+    "fp8": 1,
+    "int8": 1,
+}
+
+
+class ScenarioError(ValueError):
+    """A scenario file that cannot be used; the message names the file, the field and the reason."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class MultiRoundWorkload(_Strict):
+    """Multi-round chat: every round each session sends its whole conversation so far plus new user tokens."""
+
+    kind: Literal["multi_round"]
+    sessions: int = Field(gt=0)
+    rounds: int = Field(gt=0)
+    first_prompt_tokens: int = Field(gt=0, description="each session's first prompt, shared prefix included")
+    user_tokens: int = Field(0, ge=0, description="new user tokens in each later round")
+    output_tokens: int = Field(0, ge=0, description="tokens generated each round; they join the next prompt")
+    output_cached: bool = Field(False, description="generated tokens' KV is stored when the request ends")
+    shared_prefix_tokens: int = Field(0, ge=0, description="a prefix common to all sessions (system prompt)")
+    order: Literal["round_robin", "shuffled"] = "round_robin"
+    seed: int = Field(0, description="random seed for order: shuffled")
+
+    @model_validator(mode="after")
+    def _shared_prefix_fits(self) -> MultiRoundWorkload:
+        if self.shared_prefix_tokens > self.first_prompt_tokens:
+            raise ValueError("shared_prefix_tokens must not exceed first_prompt_tokens")
+        return self
+
+
+class TraceWorkload(_Strict):
+    """Replay of a Mooncake-format JSONL trace (timestamp ms, input_length, output_length, hash_ids)."""
+
+    kind: Literal["trace"]
+    path: Path
+    block_tokens: int = Field(512, gt=0, description="tokens per hash_id block in the trace")
+    round_seconds: float = Field(300.0, gt=0, description="width of the time window reported as one round")
+    limit: int | None = Field(None, gt=0, description="replay only the first N requests")
+
+
+class ModelShape(_Strict):
+    """KV bytes per token from a model: 2 x layers x kv_heads x head_dim x dtype (MHA/GQA), or
+    layers x (kv_lora_rank + qk_rope_head_dim) x dtype for MLA models such as DeepSeek-V3."""
+
+    layers: int = Field(gt=0)
+    dtype: str = "bf16"
+    kv_heads: int | None = Field(None, gt=0)
+    head_dim: int | None = Field(None, gt=0)
+    kv_lora_rank: int | None = Field(None, gt=0)
+    qk_rope_head_dim: int | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _one_attention_kind(self) -> ModelShape:
+        if self.dtype not in DTYPE_BYTES:
+            raise ValueError(f"dtype {self.dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
+        gqa = self.kv_heads is not None and self.head_dim is not None
+        mla = self.kv_lora_rank is not None
+        if gqa == mla:
+            raise ValueError("give either kv_heads and head_dim (MHA/GQA) or kv_lora_rank (MLA)")
+        return self
+
+    @property
+    def bytes_per_token(self) -> int:
+        width = DTYPE_BYTES[self.dtype]
+        if self.kv_lora_rank is not None:
+            return self.layers * (self.kv_lora_rank + (self.qk_rope_head_dim or 0)) * width
+        assert self.kv_heads is not None and self.head_dim is not None
+        return 2 * self.layers * self.kv_heads * self.head_dim * width
+
+
+class KvGeometry(_Strict):
+    block_tokens: int | None = Field(None, gt=0, description="tokens per KV block (default 256)")
+    bytes_per_token: Bytes | None = Field(None, gt=0)
+    model: ModelShape | None = None
+
+    @model_validator(mode="after")
+    def _one_size_source(self) -> KvGeometry:
+        if (self.bytes_per_token is None) == (self.model is None):
+            raise ValueError("give exactly one of bytes_per_token or model")
+        return self
+
+    @property
+    def token_bytes(self) -> int:
+        return self.bytes_per_token if self.bytes_per_token is not None else self.model.bytes_per_token  # type: ignore[union-attr]
+
+
+class TierSpec(_Strict):
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+    capacity: Bytes = Field(gt=0)
+    policy: str = "lru"
+    backend: str = "accounting"
+    path: Path | None = Field(None, description="file backend: the file that holds the tier's bytes")
+    o_direct: bool = False
+    read_bandwidth: BytesPerSecond | None = Field(None, description="bandwidth from engine to tier, e.g. 400Gb/s")
+
+    @model_validator(mode="after")
+    def _known_names(self) -> TierSpec:
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy {self.policy!r} is not one of {', '.join(POLICIES)}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend {self.backend!r} is not one of {', '.join(BACKENDS)}")
+        return self
+
+
+class ArmSpec(_Strict):
+    placement: Literal[PLACEMENTS] = "replicate"  # type: ignore[valid-type]
+    promote_on_hit: bool = False
+    tiers: list[TierSpec] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_tiers(self) -> ArmSpec:
+        names = [tier.name for tier in self.tiers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tier names must be unique within an arm, got {names}")
+        return self
+
+
+class GpuCacheSpec(_Strict):
+    capacity: Bytes = Field(gt=0)
+    policy: str = "tail_first"
+
+
+class EngineSpec(_Strict):
+    prefill_tokens_per_s: float = Field(10_000.0, gt=0, description="recompute throughput for the TTFT model")
+    gpu_cache: GpuCacheSpec | None = Field(None, description="a GPU-local prefix cache in front of the tiers")
+
+
+class PredictionSpec(_Strict):
+    collapse_tolerance: float = Field(
+        0.01,
+        gt=0,
+        lt=1,
+        description="a round has collapsed when its hit ratio is below (1 - this) x its ideal",
+    )
+
+
+class Scenario(_Strict):
+    name: str = "scenario"
+    description: str = ""
+    workload: Annotated[MultiRoundWorkload | TraceWorkload, Field(discriminator="kind")]
+    kv: KvGeometry
+    engine: EngineSpec = EngineSpec()
+    prediction: PredictionSpec = PredictionSpec()
+    arms: dict[str, ArmSpec] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _block_size_agrees(self) -> Scenario:
+        if isinstance(self.workload, TraceWorkload) and self.kv.block_tokens not in (
+            None,
+            self.workload.block_tokens,
+        ):
+            raise ValueError(
+                f"kv.block_tokens ({self.kv.block_tokens}) differs from the trace's block_tokens "
+                f"({self.workload.block_tokens}): trace hash_ids fix the block size"
+            )
+        return self
+
+    @property
+    def block_tokens(self) -> int:
+        if isinstance(self.workload, TraceWorkload):
+            return self.workload.block_tokens
+        return self.kv.block_tokens or 256
+
+    @property
+    def block_bytes(self) -> int:
+        return self.block_tokens * self.kv.token_bytes
+
+
+def parse_scenario(data: object, source: str = "scenario", base_dir: Path | None = None) -> Scenario:
+    """Validate a scenario mapping; relative trace paths resolve against `base_dir` (the file's folder)."""
+    try:
+        scenario = Scenario.model_validate(data)
+    except ValidationError as error:
+        raise ScenarioError(_describe(error, source)) from None
+    if isinstance(scenario.workload, TraceWorkload) and base_dir and not scenario.workload.path.is_absolute():
+        workload = scenario.workload.model_copy(update={"path": base_dir / scenario.workload.path})
+        scenario = scenario.model_copy(update={"workload": workload})
+    return scenario
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario YAML file."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as error:
+        raise ScenarioError(f"{path}: cannot read scenario: {error.strerror}") from None
+    except yaml.YAMLError as error:
+        raise ScenarioError(f"{path}: not valid YAML: {error}") from None
+    return parse_scenario(data, str(path), path.parent)
+
+
+def _describe(error: ValidationError, source: str) -> str:
+    lines = [f"{source}: invalid scenario"]
+    for problem in error.errors():
+        where = ".".join(str(part) for part in problem["loc"] if not str(part).startswith("function-"))
+        message = problem["msg"].removeprefix("Value error, ")
+        lines.append(f"  {where or '(top level)'}: {message}")
+    return "\n".join(lines)

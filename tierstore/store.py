@@ -1,0 +1,186 @@
+"""TieredStore: ordered tiers behind one put/get interface, with `replicate` or `demote` placement.
+
+- replicate: a put lands in every tier; an upper tier's eviction just drops its copy, a lower tier may still
+  hold the block (Mooncake with an SSD/NoF offload behaves so).
+- demote: tiers are exclusive; a block evicted from tier i moves to tier i+1, the last tier's evictions are gone.
+- promote_on_hit: a block served by a lower tier is copied (replicate) or moved (demote) into the tiers above.
+
+A lookup finds the longest run of consecutive chain blocks present in the union of the tiers, each block served
+by the highest tier that holds it: a chain is only as good as its first missing block.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from kvscope.tierstore.tier import Evicted, Payload, Tier
+
+Key = Hashable
+Placement = Literal["replicate", "demote"]
+PLACEMENTS: tuple[Placement, ...] = ("replicate", "demote")
+
+
+def synthetic_payload(key: Key, nbytes: int) -> bytes:
+    """Deterministic bytes for a block the emulator never computed: a digest of the key, repeated.
+
+    Real-bytes backends need content; deriving it from the key makes a misdirected read fail its check too.
+    """
+    seed = hashlib.blake2b(repr(key).encode(), digest_size=32).digest()
+    repeats, rest = divmod(nbytes, len(seed))
+    return seed * repeats + seed[:rest]
+
+
+@dataclass(slots=True)
+class PrefixHit:
+    """The longest present run of a chain starting at `start`: `blocks` long, in (tier, begin, end) segments."""
+
+    start: int
+    blocks: int = 0
+    segments: list[tuple[int, int, int]] = field(default_factory=list)
+
+
+class TieredStore:
+    def __init__(
+        self,
+        tiers: Sequence[Tier],
+        placement: Placement = "replicate",
+        promote_on_hit: bool = False,
+    ) -> None:
+        if not tiers:
+            raise ValueError("a tiered store needs at least one tier")
+        names = [tier.name for tier in tiers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tier names must be unique, got {names}")
+        if placement not in PLACEMENTS:
+            raise ValueError(f"unknown placement {placement!r}: expected one of {', '.join(PLACEMENTS)}")
+        self.tiers = list(tiers)
+        self.placement = placement
+        self.promote_on_hit = promote_on_hit
+        self._keeps_bytes = any(tier.backend.holds_bytes for tier in self.tiers)
+
+    def __contains__(self, key: Key) -> bool:
+        return any(key in tier for tier in self.tiers)
+
+    def prefix(self, keys: Sequence[Key], start: int = 0, stop: int | None = None) -> PrefixHit:
+        """Find (without side effects) the run of consecutive blocks from `start` present in some tier."""
+        end = len(keys) if stop is None else min(stop, len(keys))
+        hit = PrefixHit(start)
+        top, lower = self.tiers[0], self.tiers[1:]
+        position = start
+        while position < end:
+            run = top.run_length(keys, position, end)
+            if run:
+                hit.segments.append((0, position, position + run))
+                position += run
+                continue
+            key = keys[position]
+            for offset, tier in enumerate(lower, start=1):
+                if key in tier:
+                    self._extend(hit, offset, position)
+                    position += 1
+                    break
+            else:
+                break
+        hit.blocks = position - start
+        return hit
+
+    def get(self, keys: Sequence[Key], hit: PrefixHit) -> list[int]:
+        """Read the blocks of `hit` from their tiers; returns bytes read per tier (in tier order)."""
+        read = [0] * len(self.tiers)
+        for tier_index, begin, end in hit.segments:
+            tier = self.tiers[tier_index]
+            before = tier.counters.read_bytes
+            tier.read(keys[begin:end])
+            read[tier_index] += tier.counters.read_bytes - before
+            if self.promote_on_hit and tier_index > 0:
+                self._promote(keys[begin:end], tier_index)
+        return read
+
+    def put(self, keys: Sequence[Key], nbytes: int) -> int:
+        """Save the blocks of `keys` that no tier holds (a connector checks existence first); returns bytes put."""
+        missing = [key for key in keys if key not in self]
+        if not missing:
+            return 0
+        payload = synthetic_payload if self._keeps_bytes else None
+        if self.placement == "replicate":
+            for tier in self.tiers:
+                tier.write(missing, nbytes, payload, is_put=True)
+        else:
+            evicted = self.tiers[0].write(missing, nbytes, payload, is_put=True, keep_evicted=self._demotes(0))
+            self._demote(evicted, 1)
+        return len(missing) * nbytes
+
+    def release(self, keys: Sequence[Key]) -> None:
+        """The request that used this chain finished."""
+        for tier in self.tiers:
+            tier.release(keys)
+
+    def counters(self) -> dict[str, dict[str, int]]:
+        """A snapshot of every tier's counters, by tier name."""
+        return {tier.name: tier.counters.as_dict() for tier in self.tiers}
+
+    def close(self) -> None:
+        for tier in self.tiers:
+            tier.backend.close()
+
+    @staticmethod
+    def _extend(hit: PrefixHit, tier_index: int, position: int) -> None:
+        if hit.segments and hit.segments[-1][0] == tier_index and hit.segments[-1][2] == position:
+            hit.segments[-1] = (tier_index, hit.segments[-1][1], position + 1)
+        else:
+            hit.segments.append((tier_index, position, position + 1))
+
+    def _demotes(self, tier_index: int) -> bool:
+        return self.placement == "demote" and tier_index + 1 < len(self.tiers)
+
+    def _demote(self, evicted: list[Evicted], tier_index: int) -> None:
+        """Move blocks evicted from tier `tier_index - 1` down, cascading what that evicts in turn."""
+        while evicted and tier_index < len(self.tiers):
+            tier = self.tiers[tier_index]
+            by_size: dict[int, list[Evicted]] = {}
+            for block in evicted:
+                if block.key not in tier:
+                    by_size.setdefault(block.nbytes, []).append(block)
+            cascaded: list[Evicted] = []
+            for nbytes, blocks in by_size.items():
+                payloads = {block.key: block.payload for block in blocks}
+                cascaded += tier.write(
+                    [block.key for block in blocks],
+                    nbytes,
+                    _from_mapping(payloads) if self._keeps_bytes else None,
+                    is_put=False,
+                    keep_evicted=self._demotes(tier_index),
+                )
+            evicted, tier_index = cascaded, tier_index + 1
+
+    def _promote(self, keys: Sequence[Key], source_index: int) -> None:
+        """Copy (replicate) or move (demote) blocks served by a lower tier into the tiers above it."""
+        source = self.tiers[source_index]
+        nbytes_of = source.policy.index
+        for key in keys:
+            nbytes = nbytes_of[key]
+            data: Payload | None = None
+            if self.placement == "demote":
+                data = source.remove(key)
+                targets = self.tiers[:1]
+            else:
+                data = source.backend.load(key) if source.backend.holds_bytes else None
+                targets = [tier for tier in self.tiers[:source_index] if key not in tier]
+            payload = _from_mapping({key: data}) if self._keeps_bytes else None
+            for target in targets:
+                evicted = target.write([key], nbytes, payload, is_put=False, keep_evicted=self._demotes(0))
+                if self.placement == "demote":
+                    self._demote(evicted, 1)
+
+
+def _from_mapping(payloads: dict[Key, Payload | None]):
+    """A payload source that returns known bytes, or synthesizes them for a block that had none."""
+
+    def source(key: Key, nbytes: int) -> Payload:
+        data = payloads.get(key)
+        return data if data is not None else synthetic_payload(key, nbytes)
+
+    return source

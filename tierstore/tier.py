@@ -1,0 +1,155 @@
+"""One storage tier: a byte capacity, an eviction policy, a backend, and the counters the KV-tier model exports.
+
+Counters follow DESIGN.md's model: logical puts (`puts`, `put_bytes`) are what a client asked this tier to save;
+`written_bytes` is everything that landed on the medium (puts, promotions, demotions); `hits` and `read_bytes`
+are blocks this tier served. A tier that never evicts shows `evictions == 0`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import asdict, dataclass
+from itertools import takewhile
+
+from kvscope.tierstore.backends import Backend
+from kvscope.tierstore.policies import EvictionPolicy
+
+Key = Hashable
+Payload = bytes | memoryview
+PayloadSource = Callable[[Key, int], Payload]
+
+
+@dataclass(slots=True)
+class TierCounters:
+    """Monotonic counters of one tier; `allocated_bytes` and `capacity_bytes` are gauges."""
+
+    puts: int = 0
+    put_bytes: int = 0
+    written_bytes: int = 0
+    read_bytes: int = 0
+    hits: int = 0
+    evictions: int = 0
+    evicted_bytes: int = 0
+    allocated_bytes: int = 0
+    capacity_bytes: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+@dataclass(slots=True)
+class Evicted:
+    """A block a tier gave up; `payload` is set when the caller asked to keep its bytes (demotion)."""
+
+    key: Key
+    nbytes: int
+    payload: Payload | None = None
+
+
+class Tier:
+    """A named tier. Blocks are written and read as runs of one chain so the policy can batch its work."""
+
+    def __init__(
+        self,
+        name: str,
+        capacity: int,
+        policy: EvictionPolicy,
+        backend: Backend | None = None,
+        read_bandwidth: float | None = None,
+    ) -> None:
+        if capacity <= 0:
+            raise ValueError(f"tier {name!r}: capacity must be positive, got {capacity}")
+        self.name = name
+        self.policy = policy
+        self.backend = backend or Backend()
+        self.read_bandwidth = read_bandwidth
+        self.counters = TierCounters(capacity_bytes=capacity)
+        self._index = policy.index
+
+    @property
+    def capacity(self) -> int:
+        return self.counters.capacity_bytes
+
+    def __contains__(self, key: Key) -> bool:
+        return key in self._index
+
+    def run_length(self, keys: Sequence[Key], start: int = 0, stop: int | None = None) -> int:
+        """How many consecutive blocks from `keys[start]` (up to `stop`) this tier holds."""
+        end = len(keys) if stop is None else min(stop, len(keys))
+        if start >= end:
+            return 0
+        return sum(1 for _ in takewhile(self._index.__contains__, keys[start:end]))
+
+    def read(self, keys: Sequence[Key]) -> list[Payload]:
+        """Serve a run of resident blocks: count hits and bytes, refresh recency, verify real bytes."""
+        index = self._index
+        nbytes = sum(map(index.__getitem__, keys))
+        counters = self.counters
+        counters.hits += len(keys)
+        counters.read_bytes += nbytes
+        self.policy.touch(keys)
+        if self.backend.holds_bytes:
+            return [self.backend.load(key) for key in keys]
+        return []
+
+    def write(
+        self,
+        keys: Sequence[Key],
+        nbytes: int,
+        payload: PayloadSource | None = None,
+        *,
+        is_put: bool,
+        keep_evicted: bool = False,
+    ) -> list[Evicted]:
+        """Store blocks of `nbytes` each (all absent here), evicting as the policy says to make room.
+
+        Returns what was evicted, oldest first, with bytes when `keep_evicted` (for demotion). Blocks that
+        cannot fit even in an empty tier land and are evicted at once, as a real tier overrun by one request.
+        """
+        counters = self.counters
+        total = len(keys) * nbytes
+        counters.written_bytes += total
+        if is_put:
+            counters.puts += len(keys)
+            counters.put_bytes += total
+        fitting = min(len(keys), counters.capacity_bytes // nbytes) if nbytes else len(keys)
+        overrun = keys[: len(keys) - fitting]
+        keys = keys[len(keys) - fitting :]
+        evicted = [Evicted(key, nbytes, payload(key, nbytes) if keep_evicted and payload else None) for key in overrun]
+        counters.evictions += len(overrun)
+        counters.evicted_bytes += len(overrun) * nbytes
+        evicted.extend(self._make_room(len(keys) * nbytes, keep_evicted))
+        self.policy.admit(keys, nbytes)
+        counters.allocated_bytes += len(keys) * nbytes
+        if self.backend.holds_bytes:
+            if payload is None:
+                raise ValueError(f"tier {self.name!r} keeps real bytes: a write needs a payload source")
+            for key in keys:
+                self.backend.store(key, payload(key, nbytes))
+        return evicted
+
+    def remove(self, key: Key) -> Payload | None:
+        """Take a block out (it moved to another tier); returns its bytes if the backend holds them."""
+        nbytes = self.policy.discard(key)
+        self.counters.allocated_bytes -= nbytes
+        data = self.backend.load(key) if self.backend.holds_bytes and nbytes else None
+        self.backend.drop(key)
+        return data
+
+    def release(self, keys: Sequence[Key]) -> None:
+        """The request using this chain finished (chain-aware policies reorder its blocks)."""
+        self.policy.release(keys)
+
+    def _make_room(self, needed: int, keep_evicted: bool) -> list[Evicted]:
+        counters = self.counters
+        evicted: list[Evicted] = []
+        backend = self.backend
+        while counters.allocated_bytes + needed > counters.capacity_bytes and len(self.policy):
+            key, size = self.policy.pop_victim()
+            counters.allocated_bytes -= size
+            counters.evictions += 1
+            counters.evicted_bytes += size
+            data = backend.load(key) if keep_evicted and backend.holds_bytes else None
+            backend.drop(key)
+            evicted.append(Evicted(key, size, data))
+        return evicted
