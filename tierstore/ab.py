@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvscope import __version__
 from kvscope.tierstore import scenario as spec
 from kvscope.tierstore.backends import make_backend
 from kvscope.tierstore.engine import EngineEmulator, Served
@@ -20,8 +21,6 @@ from kvscope.tierstore.policies import make_policy
 from kvscope.tierstore.store import TieredStore
 from kvscope.tierstore.tier import Tier
 from kvscope.tierstore.workloads import make_workload
-
-from kvscope import __version__
 
 RoundCallback = Callable[[str, dict], None]
 

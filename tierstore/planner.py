@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 
 from kvscope.tierstore import scenario as spec
 from kvscope.tierstore.workloads import MultiRoundWorkload, TraceWorkload, make_workload
-
 from kvscope.units import format_bytes
 
 
@@ -79,6 +78,8 @@ def plan(scenario: spec.Scenario) -> Plan:
     else:
         rounds = _trace(workload, block_bytes)
     explanation = _geometry_explanation(scenario)
+    if isinstance(workload, MultiRoundWorkload):
+        explanation += _workload_explanation(workload, scenario.block_bytes)
     result = Plan(
         scenario.block_tokens,
         scenario.kv.token_bytes,
@@ -135,7 +136,11 @@ def _trace(workload: TraceWorkload, block_bytes: int) -> list[RoundPlan]:
 def _predict_arm(
     scenario: spec.Scenario, workload: MultiRoundWorkload | TraceWorkload, result: Plan, arm: spec.ArmSpec
 ) -> ArmPrediction:
-    if arm.placement == "replicate":
+    if len(arm.tiers) == 1:
+        holding = arm.tiers[0]
+        capacity = holding.capacity
+        how = f"the {holding.name} tier"
+    elif arm.placement == "replicate":
         holding = max(arm.tiers, key=lambda tier: tier.capacity)
         capacity = holding.capacity
         how = f"replicate: every block lands in every tier, so the largest tier ({holding.name}) bounds it"
@@ -193,6 +198,18 @@ def _collapse_round(
         f"{why}: round {collapse} is the first to lose hits; each miss recomputes and rewrites its chain, "
         "evicting more chains (the collapse feeds itself)"
     )
+
+
+def _workload_explanation(workload: MultiRoundWorkload, block_bytes: int) -> list[str]:
+    w, block = workload.spec, workload.block_tokens
+    shared = w.shared_prefix_tokens // block
+    cached = " + its output" if w.output_cached else ""
+    return [
+        f"prompt of each session in round r: {w.first_prompt_tokens:,} + (r - 1) x ({w.output_tokens:,} output + "
+        f"{w.user_tokens:,} user) tokens; cached after the round: the full {block}-token blocks of it{cached}",
+        f"working set after round r: ({shared} shared blocks + {w.sessions} sessions x own blocks) x "
+        f"{format_bytes(block_bytes)}",
+    ]
 
 
 def _geometry_explanation(scenario: spec.Scenario) -> list[str]:

@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+
 from kvscope.tierstore.backends import BACKENDS
 from kvscope.tierstore.policies import POLICIES
 from kvscope.tierstore.store import PLACEMENTS
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
-
 from kvscope.units import parse_bandwidth, parse_size
 
 Bytes = Annotated[int, BeforeValidator(parse_size)]

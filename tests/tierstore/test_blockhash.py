@@ -21,6 +21,7 @@ import subprocess
 import sys
 
 import pytest
+
 from kvscope.tierstore.blockhash import (
     ALGORITHMS,
     DEFAULT_ALGO,

@@ -1,0 +1,105 @@
+"""The `kvscope` command line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from kvscope import __version__
+
+app = typer.Typer(help="Observability and media verification for tiered LLM KV caches.", no_args_is_help=True)
+ab_app = typer.Typer(help="A/B tests of tier layouts on the embedded tiered store.", no_args_is_help=True)
+app.add_typer(ab_app, name="ab")
+
+console = Console()
+if not console.is_terminal:  # piped or captured: keep the per-round table on one line per round
+    console.width = max(console.width, 160)
+errors = Console(stderr=True)
+
+ScenarioPath = Annotated[Path, typer.Argument(help="scenario YAML (see examples/)", show_default=False)]
+JsonOut = Annotated[Path | None, typer.Option("--json", help="write the result as JSON to this file")]
+
+
+def _load(path: Path):
+    """The validated scenario, or exit 2 with the error that names the field."""
+    from kvscope.tierstore.scenario import ScenarioError, load_scenario
+
+    try:
+        return load_scenario(path)
+    except ScenarioError as error:
+        errors.print(f"[red]error:[/red] {error}", markup=True, highlight=False)
+        raise typer.Exit(2) from None
+
+
+def _write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    console.print(f"wrote {path}")
+
+
+@app.command()
+def version() -> None:
+    """Print kvscope's version."""
+    console.print(__version__)
+
+
+@app.command()
+def predict(scenario: ScenarioPath, json_out: JsonOut = None) -> None:
+    """Predict footprint, ideal hit ratio and collapse round per arm, without simulating."""
+    from kvscope.tierstore.planner import plan
+    from kvscope.tierstore.report import plan_lines, plan_table
+    from kvscope.tierstore.workloads import TraceError
+
+    spec = _load(scenario)
+    try:
+        the_plan = plan(spec)
+    except TraceError as error:
+        errors.print(f"[red]error:[/red] {error}", highlight=False)
+        raise typer.Exit(2) from None
+    console.print(plan_table(the_plan))
+    for line in plan_lines(the_plan):
+        console.print(line, highlight=False)
+    if json_out:
+        arms = {name: {"prediction": the_plan.arm_json(name)} for name in spec.arms}
+        _write_json(json_out, {"scenario": spec.model_dump(mode="json"), "arms": arms})
+
+
+@ab_app.command("run")
+def ab_run(
+    scenario: ScenarioPath,
+    json_out: JsonOut = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="draw hit ratio and bytes written per round, PNG")] = None,
+    workdir: Annotated[
+        Path | None, typer.Option("--workdir", help="folder for file-backend tiers without a path")
+    ] = None,
+) -> None:
+    """Run every arm of SCENARIO on the embedded store and print the rounds side by side."""
+    from kvscope.tierstore.ab import run_ab
+    from kvscope.tierstore.report import plot as draw
+    from kvscope.tierstore.report import rounds_table, verdict_lines
+    from kvscope.tierstore.workloads import TraceError, make_workload
+
+    spec = _load(scenario)
+    try:
+        rounds = make_workload(spec).round_count
+    except TraceError as error:
+        errors.print(f"[red]error:[/red] {error}", highlight=False)
+        raise typer.Exit(2) from None
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        tasks = {name: progress.add_task(f"arm {name}", total=rounds) for name in spec.arms}
+        result = run_ab(spec, on_round=lambda arm, row: progress.advance(tasks[arm]), workdir=workdir)
+    console.print(rounds_table(result))
+    for line in verdict_lines(result):
+        console.print(line, highlight=False)
+    if json_out:
+        _write_json(json_out, result)
+    if plot:
+        plot.parent.mkdir(parents=True, exist_ok=True)
+        draw(result, plot)
+        console.print(f"wrote {plot}")

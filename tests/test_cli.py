@@ -1,0 +1,101 @@
+"""The simulation contract end to end through the `kvscope` CLI, on the shipped examples."""
+
+import json
+from importlib import resources
+from pathlib import Path
+
+import jsonschema
+import pytest
+from typer.testing import CliRunner
+
+from kvscope.cli import app
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def schema() -> dict:
+    return json.loads(resources.files("kvscope.tierstore").joinpath("ab_result.schema.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def long_output(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("ab") / "long_output.json"
+    plot = out.with_suffix(".png")
+    scenario = str(EXAMPLES / "long_output.yaml")
+    result = runner.invoke(app, ["ab", "run", scenario, "--json", str(out), "--plot", str(plot)])
+    assert result.exit_code == 0, result.output
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    return json.loads(out.read_text())
+
+
+def test_ab_json_validates_against_the_contract_schema(long_output, schema):
+    jsonschema.validate(long_output, schema)
+    assert set(long_output["arms"]) == {"dram_only", "tiered"}
+    assert len(long_output["arms"]["dram_only"]["rounds"]) == 20
+
+
+def test_dram_only_arm_collapses_at_the_predicted_round(long_output):
+    arm = long_output["arms"]["dram_only"]
+    assert arm["prediction"]["collapse_round"] == 8
+    assert arm["observed_collapse_round"] == 8
+    rounds = arm["rounds"]
+    assert all(r["hit_ratio"] == r["ideal_hit_ratio"] for r in rounds[:7])
+    assert rounds[-1]["hit_ratio"] == 0.0
+    # the loop: once hits are lost, bytes written per round climb far above the steady ~50 GB
+    assert rounds[-1]["written_bytes"]["dram"] > 10 * rounds[6]["written_bytes"]["dram"]
+
+
+def test_tiered_arm_tracks_its_ideal_and_nof_never_evicts(long_output):
+    arm = long_output["arms"]["tiered"]
+    assert arm["prediction"]["collapse_round"] is None
+    assert arm["observed_collapse_round"] is None
+    assert [r["hit_ratio"] for r in arm["rounds"]] == [r["ideal_hit_ratio"] for r in arm["rounds"]]
+    assert arm["totals"]["evictions"]["nof"] == 0
+    assert arm["totals"]["evictions"]["dram"] > 0
+    # replicate: both tiers wrote every put
+    assert arm["totals"]["written_bytes"]["nof"] == arm["totals"]["written_bytes"]["dram"] == arm["totals"]["put_bytes"]
+
+
+def test_predict_writes_the_prediction_alone(tmp_path, long_output):
+    out = tmp_path / "prediction.json"
+    result = runner.invoke(app, ["predict", str(EXAMPLES / "long_output.yaml"), "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "round 8 is the first to lose hits" in " ".join(result.output.split())
+    prediction = json.loads(out.read_text())
+    assert set(prediction["arms"]["dram_only"]) == {"prediction"}
+    assert prediction["arms"]["dram_only"]["prediction"] == long_output["arms"]["dram_only"]["prediction"]
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
+def test_every_shipped_example_predicts(example):
+    result = runner.invoke(app, ["predict", str(EXAMPLES / example)])
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (
+            lambda s: s.replace("sessions: 112", "sessions: -1"),
+            "workload.multi_round.sessions: Input should be greater",
+        ),
+        (lambda s: s.replace("capacity: 429.5GB", "capacity: 429.5QB"), "arms.dram_only.tiers.0.capacity: invalid"),
+        (lambda s: s.replace("policy: lru", "policy: lfu", 1), "policy 'lfu' is not one of lru, fifo, tail_first"),
+        (lambda s: s.replace("bytes_per_token: 88.1KB", "bytes_per_tokn: 88.1KB"), "kv.bytes_per_tokn: Extra inputs"),
+        (lambda s: s + "\n  : [", "not valid YAML"),
+    ],
+)
+def test_bad_scenarios_name_the_field_and_reason(tmp_path, edit, message):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(edit((EXAMPLES / "long_output.yaml").read_text()))
+    result = runner.invoke(app, ["ab", "run", str(bad)])
+    assert result.exit_code == 2
+    assert message in " ".join(result.output.split())
+
+
+def test_missing_scenario_file_is_a_clear_error(tmp_path):
+    result = runner.invoke(app, ["predict", str(tmp_path / "nope.yaml")])
+    assert result.exit_code == 2
+    assert "cannot read scenario" in result.output

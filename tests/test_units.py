@@ -1,0 +1,47 @@
+"""Sizes and bandwidths as scenarios write them: the unit rules DESIGN.md fixes."""
+
+import pytest
+
+from kvscope.units import format_bytes, parse_bandwidth, parse_size
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("88.1KB", 88_100),
+        ("429.5GB", 429_500_000_000),
+        ("46.09TB", 46_090_000_000_000),
+        ("50GiB", 50 * 1024**3),
+        ("1 MiB", 1024**2),
+        ("512", 512),
+        ("4096B", 4096),
+        (1234, 1234),
+    ],
+)
+def test_sizes_use_powers_of_1000_and_1024(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["88.1XB", "GB", "-5GB", "1.2.3GB", "10gb"])
+def test_bad_sizes_name_the_value(text):
+    with pytest.raises(ValueError, match="invalid size"):
+        parse_size(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "bytes_per_second"),
+    [("400Gb/s", 50e9), ("400Gbps", 50e9), ("1.6Tb/s", 200e9), ("50GB/s", 50e9), ("1GiB/s", 1024**3)],
+)
+def test_bandwidth_in_bits_or_bytes(text, bytes_per_second):
+    assert parse_bandwidth(text) == pytest.approx(bytes_per_second)
+
+
+@pytest.mark.parametrize("text", ["400Gb", "400Xb/s", "0GB/s"])
+def test_bad_bandwidths_are_rejected(text):
+    with pytest.raises(ValueError, match="invalid bandwidth"):
+        parse_bandwidth(text)
+
+
+def test_format_bytes():
+    assert format_bytes(449_586_380_800) == "449.6 GB"
+    assert format_bytes(999) == "999 B"

@@ -1,0 +1,117 @@
+"""What people see of an A/B run or a prediction: rich tables for the terminal and a PNG of the rounds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.table import Table
+
+from kvscope.tierstore.planner import Plan
+from kvscope.units import format_bytes
+
+
+def rounds_table(result: dict) -> Table:
+    """Per round, for each arm: hit ratio against the ideal, bytes written per tier, evictions."""
+    arms = result["arms"]
+    table = Table(title=f"{result['scenario']['name']}: hit ratio per round (ideal in the first column)")
+    table.add_column("round", justify="right")
+    table.add_column("ideal", justify="right")
+    for name, arm in arms.items():
+        table.add_column(f"{name}\nhit ratio", justify="right")
+        for tier in arm["totals"]["written_bytes"]:
+            table.add_column(f"{name}\n{tier} written", justify="right")
+        table.add_column(f"{name}\nevictions", justify="right")
+    first = next(iter(arms.values()))
+    for index, row in enumerate(first["rounds"]):
+        cells = [str(row["round"]), f"{row['ideal_hit_ratio']:.3f}"]
+        for arm in arms.values():
+            arm_row = arm["rounds"][index]
+            onset = arm["observed_collapse_round"]
+            collapsed = onset is not None and arm_row["round"] >= onset
+            ratio = f"{arm_row['hit_ratio']:.3f}"
+            cells.append(f"[red]{ratio}[/red]" if collapsed else ratio)
+            cells += [format_bytes(arm_row["written_bytes"][tier]) for tier in arm["totals"]["written_bytes"]]
+            cells.append(f"{sum(arm_row['evictions'].values()):,}")
+        table.add_row(*cells)
+    return table
+
+
+def verdict_lines(result: dict) -> list[str]:
+    """One line per arm: predicted against observed collapse round, and the totals."""
+    lines = []
+    for name, arm in result["arms"].items():
+        predicted, observed = arm["prediction"]["collapse_round"], arm["observed_collapse_round"]
+        totals = arm["totals"]
+        written = ", ".join(f"{tier} {format_bytes(b)}" for tier, b in totals["written_bytes"].items())
+        overflow = arm["prediction"]["overflow_round"]
+        if predicted is None and observed is None:
+            outcome = "no collapse predicted, none observed"
+        elif predicted is None and overflow is not None and result["scenario"]["workload"]["kind"] == "trace":
+            outcome = (
+                f"working set exceeds capacity from round {overflow} (collapse is not predicted for traces); "
+                f"hits first fell below the ideal in round {observed}"
+            )
+        elif predicted == observed:
+            outcome = f"collapse predicted at round {predicted}, observed at round {observed}"
+        else:
+            outcome = f"collapse predicted at round {predicted}, observed at round {observed} (MISMATCH)"
+        lines.append(f"{name}: {outcome}; hit ratio {totals['hit_ratio']:.3f} overall; written {written}")
+    return lines
+
+
+def plan_table(the_plan: Plan) -> Table:
+    """Per round: requests, prompt tokens, the working set and the ideal hit ratio."""
+    table = Table(title="prediction per round")
+    for column in ("round", "requests", "prompt tokens", "working set", "ideal hit ratio"):
+        table.add_column(column, justify="right")
+    for r in the_plan.rounds:
+        table.add_row(
+            str(r.round), f"{r.requests:,}", f"{r.query_tokens:,}", format_bytes(r.footprint_bytes),
+            f"{r.ideal_hit_ratio:.3f}",
+        )  # fmt: skip
+    return table
+
+
+def plan_lines(the_plan: Plan) -> list[str]:
+    lines = list(the_plan.explanation)
+    for name, arm in the_plan.arms.items():
+        lines.append(f"[bold]{name}[/bold]: collapse round {arm.collapse_round}, overflow round {arm.overflow_round}")
+        lines += [f"  {line}" for line in arm.explanation]
+    return lines
+
+
+def plot(result: dict, path: Path) -> None:
+    """Hit ratio per round for each arm against the ideal, and bytes written per round, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    figure, (ratio_axis, bytes_axis) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
+    ideal_drawn = False
+    for name, arm in result["arms"].items():
+        rounds = [r["round"] for r in arm["rounds"]]
+        if not ideal_drawn:
+            ratio_axis.plot(rounds, [r["ideal_hit_ratio"] for r in arm["rounds"]], "k--", label="ideal (bound)")
+            ideal_drawn = True
+        ratio_axis.plot(rounds, [r["hit_ratio"] for r in arm["rounds"]], marker="o", label=name)
+        predicted = arm["prediction"]["collapse_round"]
+        if predicted is not None:
+            ratio_axis.axvline(predicted, linestyle=":", color=ratio_axis.lines[-1].get_color())
+        for tier in arm["totals"]["written_bytes"]:
+            written = [r["written_bytes"][tier] / 1e9 for r in arm["rounds"]]
+            bytes_axis.plot(rounds, written, marker=".", label=f"{name}: {tier}")
+    ratio_axis.set_ylabel("prefix hit ratio")
+    ratio_axis.set_ylim(0, 1.05)
+    ratio_axis.set_title(f"{result['scenario']['name']}: hit ratio per round (dotted: predicted collapse)")
+    ratio_axis.legend()
+    ratio_axis.grid(alpha=0.3)
+    bytes_axis.set_ylabel("bytes written per round (GB)")
+    bytes_axis.set_xlabel("round")
+    bytes_axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+    bytes_axis.legend()
+    bytes_axis.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
