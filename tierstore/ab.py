@@ -153,11 +153,14 @@ def _round_row(number: int, tally: _RoundTally, ideal: float, before: dict, afte
 def _totals(rows: list[dict], counters: dict[str, dict[str, int]]) -> dict:
     query = sum(r["query_tokens"] for r in rows)
     hits = sum(r["hit_tokens"] for r in rows)
+    requests = sum(r["requests"] for r in rows)
     return {
+        "requests": requests,
         "query_tokens": query,
         "hit_tokens": hits,
         "hit_ratio": hits / query if query else 0.0,
         "put_bytes": sum(r["put_bytes"] for r in rows),
+        "ttft_s_mean": sum(r["ttft_s"]["mean"] * r["requests"] for r in rows) / requests if requests else 0.0,
         "written_bytes": {tier: c["written_bytes"] for tier, c in counters.items()},
         "evictions": {tier: c["evictions"] for tier, c in counters.items()},
         "tiers": counters,

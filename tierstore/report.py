@@ -55,7 +55,10 @@ def verdict_lines(result: dict) -> list[str]:
             outcome = f"collapse predicted at round {predicted}, observed at round {observed}"
         else:
             outcome = f"collapse predicted at round {predicted}, observed at round {observed} (MISMATCH)"
-        lines.append(f"{name}: {outcome}; hit ratio {totals['hit_ratio']:.3f} overall; written {written}")
+        lines.append(
+            f"{name}: {outcome}; hit ratio {totals['hit_ratio']:.3f} overall; mean TTFT {totals['ttft_s_mean']:.2f} s; "
+            f"written {written}"
+        )
     return lines
 
 

@@ -95,8 +95,10 @@ class TieredStore:
             before = tier.counters.read_bytes
             tier.read(keys[begin:end])
             read[tier_index] += tier.counters.read_bytes - before
-            if self.promote_on_hit and tier_index > 0:
-                self._promote(keys[begin:end], tier_index)
+        if self.promote_on_hit:  # only once every segment is read: a promotion may evict a block still to read
+            for tier_index, begin, end in hit.segments:
+                if tier_index > 0:
+                    self._promote([key for key in keys[begin:end] if key in self.tiers[tier_index]], tier_index)
         return read
 
     def put(self, keys: Sequence[Key], nbytes: int) -> int:
