@@ -94,10 +94,7 @@ def run_arm(
     observed = observed_collapse_round(rows, scenario.prediction.collapse_tolerance)
     return {
         "rounds": rows,
-        "totals": _totals(
-            rows,
-            store.counters() | ({"gpu": engine.gpu_cache.counters.as_dict()} if engine.gpu_cache else {}),
-        ),
+        "totals": _totals(rows, _snapshot(engine_tiers)),
         "prediction": the_plan.arm_json(name),
         "observed_collapse_round": observed,
     }

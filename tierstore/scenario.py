@@ -14,7 +14,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from kvscope.tierstore.backends import BACKENDS
 from kvscope.tierstore.policies import POLICIES
-from kvscope.tierstore.store import PLACEMENTS
+from kvscope.tierstore.store import Placement
 from kvscope.units import parse_bandwidth, parse_size
 
 Bytes = Annotated[int, BeforeValidator(parse_size)]
@@ -135,7 +135,7 @@ class TierSpec(_Strict):
 
 
 class ArmSpec(_Strict):
-    placement: Literal[PLACEMENTS] = "replicate"  # type: ignore[valid-type]
+    placement: Placement = "replicate"
     promote_on_hit: bool = False
     tiers: list[TierSpec] = Field(min_length=1)
 
