@@ -169,34 +169,57 @@ def _collapse_round(
     workload: MultiRoundWorkload, result: Plan, capacity: int, policy: str, overflow: int
 ) -> tuple[int | None, str]:
     """The first round that loses hits, given the round whose working set first exceeds `capacity`."""
-    w = workload.spec
-    rounds = result.rounds
     if overflow == 1:
-        loses_now, why = False, "round 1 only reuses the shared prefix, which every session keeps hot"
+        loses_now, why = _round_one_loses(workload, result, capacity, policy)
     else:
-        before = rounds[overflow - 2].footprint_bytes
-        growth = (rounds[overflow - 1].footprint_bytes - before) / w.sessions  # bytes each session adds
-        room = capacity - before
-        if policy == "fifo" and w.shared_prefix_tokens < result.block_tokens:
-            # FIFO gives up blocks in the order they were first written: the round-1 heads of sessions that
-            # were served first. A session loses its head this round only if eviction outruns the turns.
-            first_written = rounds[0].footprint_bytes / w.sessions
-            loses_now = any(served * growth - room >= (served + 1) * first_written for served in range(1, w.sessions))
-            why = "fifo evicts the oldest-written blocks: the heads of sessions already served this round"
-        else:
-            # Recency policies evict the blocks used longest ago: those of the sessions not yet served this
-            # round. Someone loses blocks unless the room runs out only with the last session's save.
-            loses_now = (w.sessions - 1) * growth > room
-            why = (
-                f"{policy} evicts the blocks used longest ago, those of sessions still waiting their turn: "
-                f"room for {max(0.0, room / growth):.1f} sessions' new blocks out of {w.sessions}"
-            )
+        loses_now, why = _overflow_round_loses(workload, result, capacity, policy, overflow)
     collapse = overflow if loses_now else overflow + 1
-    if collapse > len(rounds):
+    if collapse > len(result.rounds):
         return None, f"{why}; the first round to lose hits would come after the last round"
     return collapse, (
         f"{why}: round {collapse} is the first to lose hits; each miss recomputes and rewrites its chain, "
         "evicting more chains (the collapse feeds itself)"
+    )
+
+
+def _round_one_loses(workload: MultiRoundWorkload, result: Plan, capacity: int, policy: str) -> tuple[bool, str]:
+    """Round 1 can only lose hits on the shared prefix, when it is evicted before a later session reads it."""
+    w, block = workload.spec, result.block_tokens
+    shared = min(w.shared_prefix_tokens // block, (workload.prompt_tokens(1) - 1) // block)
+    if shared == 0 or w.sessions == 1:
+        return False, "round 1 reuses nothing"
+    session_bytes = _cached_blocks(w, workload.prompt_tokens(1), block) * result.block_bytes
+    if policy == "fifo":
+        # the shared blocks were written first, so they go first: lost once all but the last session have written
+        written_before_last = session_bytes + (w.sessions - 2) * (session_bytes - shared * result.block_bytes)
+        return written_before_last > capacity, "fifo evicts the shared prefix first: it was written first"
+    return session_bytes > capacity, f"{policy} keeps the shared prefix hot unless one session outgrows the tier"
+
+
+def _overflow_round_loses(
+    workload: MultiRoundWorkload, result: Plan, capacity: int, policy: str, overflow: int
+) -> tuple[bool, str]:
+    """Whether eviction reaches a block some session still needs before that session's turn in this round."""
+    w, rounds = workload.spec, result.rounds
+    shared = w.shared_prefix_tokens // result.block_tokens
+    before = rounds[overflow - 2].footprint_bytes
+    growth = (rounds[overflow - 1].footprint_bytes - before) / w.sessions  # bytes each session adds
+    room = capacity - before
+    if policy == "fifo" and shared == 0:
+        # FIFO gives up blocks in the order they were first written: the round-1 blocks of the sessions served
+        # first. The next session loses its head once eviction has eaten every served session's round-1 blocks.
+        first_written = rounds[0].footprint_bytes / w.sessions
+        loses = any(served * growth - room > served * first_written for served in range(1, w.sessions))
+        return loses, "fifo evicts the oldest-written blocks: the heads of sessions already served this round"
+    if policy == "fifo":
+        # the shared prefix was written first of all: once eviction starts every later session loses its head
+        return (w.sessions - 1) * growth > room, "fifo evicts the shared prefix first: it was written first"
+    # Recency policies evict the blocks used longest ago: the own blocks of sessions still waiting for their turn.
+    own_before = _cached_blocks(w, workload.prompt_tokens(overflow - 1), result.block_tokens) - shared
+    loses = own_before > 0 and (w.sessions - 1) * growth > room
+    return loses, (
+        f"{policy} evicts the blocks used longest ago, those of sessions still waiting their turn: "
+        f"room for {max(0.0, room / growth):.1f} sessions' new blocks out of {w.sessions}"
     )
 
 

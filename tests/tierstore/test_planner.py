@@ -286,31 +286,21 @@ def test_observed_collapse_round_matches_the_planner(scenario, name, policy):
     assert arm_result["observed_collapse_round"] == expected[policy]
 
 
-# --------------------------------------------------------------------------- planner bugs (strict xfail)
+# --------------------------------------------------------------------------- planner edge cases (once bugs)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: planner._collapse_round fifo test is off by one session: uses served*growth - room >= "
-    "(served+1)*first_written, should be > served*first_written",
-)
 def test_fifo_overflow_reaching_a_waiting_session_head_collapses_now(scenario):
     """2 sessions, 522-token first prompt (2 blocks), 768 output tokens (3 blocks a round), capacity 4 blocks.
 
     Footprint 4 then 10 blocks: round 2 overflows with room 0. Session 0 hits its 2 blocks and saves 3 new
     ones; FIFO evicts the 3 oldest: s0b0, s0b1 and s1b0, the head of session 1, which then misses entirely:
-    round 2 loses hits. The planner checks 1 x 3 - 0 >= 2 x 2 (false) and predicts round 3.
+    round 2 loses hits (eviction, 1 x 3 - 0 blocks, outran the 1 x 2 blocks session 0 wrote in round 1).
     """
     result = simulate(scenario({"a": arm("fifo", 4)}, sessions=2, first_prompt_tokens=522, output_tokens=768))["a"]
     assert result["observed_collapse_round"] == 2
     assert result["prediction"]["collapse_round"] == 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: planner._collapse_round assumes a round-1 overflow never loses hits ('every session keeps the "
-    "shared prefix hot'), but fifo never refreshes: the shared blocks, written first, are evicted first",
-)
 def test_fifo_round_one_overflow_evicts_the_shared_prefix(scenario):
     """4 sessions, 778-token first prompt (3 blocks) of which 512 shared (2 blocks), capacity 4 blocks.
 
@@ -324,17 +314,12 @@ def test_fifo_round_one_overflow_evicts_the_shared_prefix(scenario):
     assert result["prediction"]["collapse_round"] == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: planner._collapse_round assumes a round-1 overflow never loses hits, but when one session's "
-    "round-1 blocks exceed the capacity its own save evicts the shared prefix before anyone reuses it",
-)
 @pytest.mark.parametrize("policy", ["lru", "fifo", "tail_first"])
 def test_round_one_session_larger_than_capacity_loses_the_shared_prefix(scenario, policy):
     """2 sessions, 300-token prompt = the 256-token shared block, 700 output tokens cached, capacity 2 blocks.
 
     Session 0 stores (300 + 700) // 256 = 3 blocks: sh, then its 2 output blocks, which evict sh. Session 1
-    should hit sh (ideal 256 tokens) but finds nothing -> round 1 loses hits; the planner predicts round 2.
+    should hit sh (ideal 256 tokens) but finds nothing -> round 1 loses hits.
     """
     result = simulate(
         scenario(
@@ -350,18 +335,13 @@ def test_round_one_session_larger_than_capacity_loses_the_shared_prefix(scenario
     assert result["prediction"]["collapse_round"] == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: planner._collapse_round (lru/tail_first) assumes the sessions still waiting have own blocks "
-    "to lose; when all they cached is the (hot) shared prefix, the victims are served sessions' blocks",
-)
 @pytest.mark.parametrize("policy", ["lru", "tail_first"])
 def test_recency_overflow_when_waiting_sessions_hold_only_the_shared_prefix(scenario, policy):
     """3 sessions, 5 rounds, 300-token first prompt (its 1 full block is the 256-token shared prefix),
     100 user tokens a round, no output, capacity 2 blocks.
 
     P = 300, 400, 500, 600, 700 -> full blocks 1, 1, 1, 2, 2; footprint 1, 1, 1, 4, 4 blocks: round 4
-    overflows (room 1, growth 1, 2 x 1 > 1 so the planner says round 4). But in round 4 the waiting sessions
+    overflows (room 1, growth 1 a session). But in round 4 the waiting sessions
     hold only the shared block, which every session touches: s1's save evicts s0's new block, s2's save s1's.
     Round 4 reaches its ideal (each session hits the shared block); round 5 is the first to lose hits.
     """
