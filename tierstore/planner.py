@@ -215,7 +215,11 @@ def _overflow_round_loses(
         # the shared prefix was written first of all: once eviction starts every later session loses its head
         return (w.sessions - 1) * growth > room, "fifo evicts the shared prefix first: it was written first"
     # Recency policies evict the blocks used longest ago: the own blocks of sessions still waiting for their turn.
+    # The shared prefix stays hot, unless a single session's chain outgrows the tier and evicts its own head.
     own_before = _cached_blocks(w, workload.prompt_tokens(overflow - 1), result.block_tokens) - shared
+    chain_bytes = _cached_blocks(w, workload.prompt_tokens(overflow), result.block_tokens) * result.block_bytes
+    if shared and w.sessions > 1 and chain_bytes > capacity:
+        return True, f"one session's chain ({format_bytes(chain_bytes)}) outgrows the tier and evicts the shared prefix"
     loses = own_before > 0 and (w.sessions - 1) * growth > room
     return loses, (
         f"{policy} evicts the blocks used longest ago, those of sessions still waiting their turn: "
