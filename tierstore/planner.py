@@ -160,6 +160,8 @@ def _predict_arm(
         return ArmPrediction(capacity, holding.policy, overflow, None, explanation)
     collapse, reason = _collapse_round(workload, result, capacity, holding.policy, overflow)
     explanation.append(reason)
+    if len(arm.tiers) > 1:
+        explanation.append("several tiers are modelled as one of that capacity: the collapse round is approximate")
     if workload.spec.order != "round_robin":
         explanation.append("the model assumes round-robin order: with shuffled order treat it as approximate")
     return ArmPrediction(capacity, holding.policy, overflow, collapse, explanation)
