@@ -61,7 +61,8 @@ class EngineEmulator:
         if request.output_keys:
             put_bytes += self.store.put(request.output_keys, self.block_bytes)
         if gpu:
-            computed = [key for key in keys[gpu_blocks:] if key not in gpu]
+            held = gpu.policy.index  # membership without a Tier.__contains__ call per block
+            computed = [key for key in keys[gpu_blocks:] if key not in held]
             gpu.write(computed, self.block_bytes, is_put=False)
             gpu.release(keys)
         self.store.release(keys)

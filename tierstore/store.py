@@ -12,8 +12,9 @@ by the highest tier that holds it: a chain is only as good as its first missing 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import filterfalse
 from typing import Literal
 
 from kvscope.tierstore.tier import Evicted, Payload, Tier
@@ -65,27 +66,29 @@ class TieredStore:
         return any(key in tier for tier in self.tiers)
 
     def prefix(self, keys: Sequence[Key], start: int = 0, stop: int | None = None) -> PrefixHit:
-        """Find (without side effects) the run of consecutive blocks from `start` present in some tier."""
+        """Find (without side effects) the run of consecutive blocks from `start` present in some tier.
+
+        Works a segment at a time: the highest tier holding the block at `position` serves it, and keeps serving
+        the blocks after it for as long as it holds them and no tier above it does. Each segment is measured by
+        one scan, so a hit costs a dict probe per block and tier, not a Python call.
+        """
         end = len(keys) if stop is None else min(stop, len(keys))
-        hit = PrefixHit(start)
-        top, lower = self.tiers[0], self.tiers[1:]
+        top = self.tiers[0]
+        if len(self.tiers) == 1 and start >= 0:  # one tier: the hit is one segment, found by one scan
+            run = top.run_length(keys, start, end)
+            return PrefixHit(start, run, [(0, start, start + run)] if run else [])
+        segments: list[tuple[int, int, int]] = []
         position = start
         while position < end:
-            run = top.run_length(keys, position, end)
-            if run:
-                hit.segments.append((0, position, position + run))
-                position += run
-                continue
-            key = keys[position]
-            for offset, tier in enumerate(lower, start=1):
-                if key in tier:
-                    self._extend(hit, offset, position)
-                    position += 1
+            serving, run = 0, top.run_length(keys, position, end)  # most blocks are served by the top tier
+            if not run:
+                serving = self._lower_tier_holding(keys[position])
+                if serving is None:
                     break
-            else:
-                break
-        hit.blocks = position - start
-        return hit
+                run = self._lower_run(keys, serving, position, end)
+            segments.append((serving, position, position + run))
+            position += run
+        return PrefixHit(start, position - start, segments)
 
     def get(self, keys: Sequence[Key], hit: PrefixHit) -> list[int]:
         """Read the blocks of `hit` from their tiers; returns bytes read per tier (in tier order)."""
@@ -103,7 +106,7 @@ class TieredStore:
 
     def put(self, keys: Sequence[Key], nbytes: int) -> int:
         """Save the blocks of `keys` that no tier holds (a connector checks existence first); returns bytes put."""
-        missing = [key for key in keys if key not in self]
+        missing = self._missing(keys)
         if not missing:
             return 0
         payload = synthetic_payload if self._keeps_bytes else None
@@ -128,12 +131,26 @@ class TieredStore:
         for tier in self.tiers:
             tier.backend.close()
 
-    @staticmethod
-    def _extend(hit: PrefixHit, tier_index: int, position: int) -> None:
-        if hit.segments and hit.segments[-1][0] == tier_index and hit.segments[-1][2] == position:
-            hit.segments[-1] = (tier_index, hit.segments[-1][1], position + 1)
-        else:
-            hit.segments.append((tier_index, position, position + 1))
+    def _lower_tier_holding(self, key: Key) -> int | None:
+        """The index of the highest tier below the top that holds `key`, None if none does."""
+        return next((index for index in range(1, len(self.tiers)) if key in self.tiers[index]), None)
+
+    def _lower_run(self, keys: Sequence[Key], serving: int, position: int, end: int) -> int:
+        """Length of the segment tier `serving` serves from `position`: blocks it holds and no tier above it does."""
+        for tier in self.tiers[:serving]:  # the segment ends where a tier above holds a block again
+            index = tier.policy.index
+            for stop in range(position, end):
+                if keys[stop] in index:
+                    end = stop
+                    break
+        return self.tiers[serving].run_length(keys, position, end)
+
+    def _missing(self, keys: Sequence[Key]) -> list[Key]:
+        """The keys no tier holds, in order (filterfalse() tests each tier's index without a Python call per key)."""
+        missing: Iterable[Key] = keys
+        for tier in self.tiers:
+            missing = filterfalse(tier.policy.index.__contains__, missing)
+        return list(missing)
 
     def _demotes(self, tier_index: int) -> bool:
         return self.placement == "demote" and tier_index + 1 < len(self.tiers)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import asdict, dataclass
-from itertools import takewhile
 
 from kvscope.tierstore.backends import Backend
 from kvscope.tierstore.policies import EvictionPolicy
@@ -78,9 +77,13 @@ class Tier:
         end = len(keys) if stop is None else min(stop, len(keys))
         if start >= end:
             return 0
-        return sum(1 for _ in takewhile(self._index.__contains__, keys[start:end]))
+        index = self._index
+        for position in range(start, end):
+            if keys[position] not in index:
+                return position - start
+        return end - start
 
-    def read(self, keys: Sequence[Key]) -> list[Payload]:
+    def read(self, keys: Sequence[Key]) -> None:
         """Serve a run of resident blocks: count hits and bytes, refresh recency, verify real bytes."""
         index = self._index
         nbytes = sum(map(index.__getitem__, keys))
@@ -89,8 +92,8 @@ class Tier:
         counters.read_bytes += nbytes
         self.policy.touch(keys)
         if self.backend.holds_bytes:
-            return [self.backend.load(key) for key in keys]
-        return []
+            for key in keys:
+                self.backend.verify(key)
 
     def write(
         self,
@@ -141,15 +144,22 @@ class Tier:
         self.policy.release(keys)
 
     def _make_room(self, needed: int, keep_evicted: bool) -> list[Evicted]:
+        """Evict victims, as the policy orders them, until `needed` more bytes fit."""
         counters = self.counters
+        excess = counters.allocated_bytes + needed - counters.capacity_bytes
+        backend = self.backend if self.backend.holds_bytes else None  # the accounting backend keeps nothing to drop
+        pop_victim, index = self.policy.pop_victim, self._index
         evicted: list[Evicted] = []
-        backend = self.backend
-        while counters.allocated_bytes + needed > counters.capacity_bytes and len(self.policy):
-            key, size = self.policy.pop_victim()
-            counters.allocated_bytes -= size
-            counters.evictions += 1
-            counters.evicted_bytes += size
-            data = backend.load(key) if keep_evicted and backend.holds_bytes else None
-            backend.drop(key)
+        freed = 0
+        while freed < excess and index:
+            key, size = pop_victim()
+            freed += size
+            data = None
+            if backend is not None:
+                data = backend.load(key) if keep_evicted else None
+                backend.drop(key)
             evicted.append(Evicted(key, size, data))
+        counters.allocated_bytes -= freed
+        counters.evictions += len(evicted)
+        counters.evicted_bytes += freed
         return evicted
