@@ -1,0 +1,100 @@
+"""Maps a source's raw samples onto the KV-tier model, by rules kept as data (`mappings/<source>.yaml`).
+
+A rule names the raw series it reads (`match`, newest name first: when a scrape holds both a current and a
+deprecated name, only the first present is used, so nothing is counted twice), an optional label filter
+(`where`), the model instrument, the model labels as templates over the raw labels and the target's labels
+(`"{engine}"`), and a `scale` (RDMA port counters count 4-byte words). Raw series that land on the same model
+series are summed.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Iterable
+from functools import cache
+from importlib import resources
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from kvscope.model import INSTRUMENTS
+from kvscope.samples import Labels, Sample, labels_of
+
+
+class MappingError(ValueError):
+    """A mapping file that cannot be used; the message names the file, the rule and the field."""
+
+
+class Rule(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    match: tuple[str, ...] = Field(min_length=1, description="raw names, newest first; the first present wins")
+    where: dict[str, str] = Field(default_factory=dict, description="raw labels a series must have")
+    instrument: str
+    labels: dict[str, str] = Field(default_factory=dict, description="model labels: literals or {label} templates")
+    scale: float = 1.0
+    kind: Literal["counter", "gauge"] | None = Field(None, description="default: the instrument's kind")
+
+    @field_validator("instrument")
+    @classmethod
+    def _known_instrument(cls, name: str) -> str:
+        if name not in INSTRUMENTS:
+            raise ValueError(f"{name!r} is not an instrument of the KV-tier model ({', '.join(INSTRUMENTS)})")
+        return name
+
+
+class Mapping(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    source: str
+    rules: tuple[Rule, ...]
+
+    def apply(self, samples: Iterable[Sample], target_labels: dict[str, str]) -> list[Sample]:
+        """The normalized samples of one scrape."""
+        by_name: dict[str, list[Sample]] = {}
+        for sample in samples:
+            by_name.setdefault(sample.name, []).append(sample)
+        totals: dict[tuple[str, Labels], float] = {}
+        for rule in self.rules:
+            name = next((n for n in rule.match if n in by_name), None)
+            if name is None:
+                continue
+            for sample in by_name[name]:
+                raw = sample.label_map
+                if any(raw.get(key) != value for key, value in rule.where.items()):
+                    continue
+                context = {**target_labels, **raw}
+                labels = labels_of({key: _fill(template, context) for key, template in rule.labels.items()})
+                key = (rule.instrument, labels)
+                totals[key] = totals.get(key, 0.0) + sample.value * rule.scale
+        return [
+            Sample(self.source, name, labels, value, INSTRUMENTS[name].kind, normalized=True)
+            for (name, labels), value in totals.items()
+        ]
+
+
+def _fill(template: str, context: dict[str, str]) -> str:
+    """`"{engine}"` with the label's value; a label neither the series nor the target has becomes ""."""
+    fields = [field for _, field, _, _ in string.Formatter().parse(template) if field]
+    return template.format(**{field: context.get(field, "") for field in fields})
+
+
+@cache
+def mapping_for(source: str) -> Mapping:
+    """The shipped mapping of a source (`mappings/<source>.yaml` beside this module)."""
+    path = resources.files("kvscope.exporters").joinpath("mappings", f"{source}.yaml")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise MappingError(f"no mapping for source {source!r}: expected mappings/{source}.yaml") from None
+    except yaml.YAMLError as error:
+        raise MappingError(f"mappings/{source}.yaml: not valid YAML: {error}") from None
+    try:
+        mapping = Mapping.model_validate(data)
+    except ValidationError as error:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+        raise MappingError(f"mappings/{source}.yaml: {problems}") from None
+    if mapping.source != source:
+        raise MappingError(f"mappings/{source}.yaml: says source {mapping.source!r}")
+    return mapping

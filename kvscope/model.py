@@ -1,0 +1,57 @@
+"""The vendor-neutral KV-tier model (DESIGN.md): the instruments every source maps into.
+
+OpenTelemetry instrument names; the Prometheus exporter turns dots into underscores, adds `_total` to counters
+and keeps the unit (`By` gives `_bytes`, annotations such as `{token}` add nothing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True, slots=True)
+class Instrument:
+    name: str
+    kind: Literal["counter", "gauge"]
+    unit: str
+    labels: tuple[str, ...]
+    description: str
+
+
+_TIER = ("system", "tier")
+_NIC = ("host", "device", "port", "netdev", "role")
+_BDEV = ("bdev", "subsystem", "role")
+
+INSTRUMENTS: dict[str, Instrument] = {
+    i.name: i
+    for i in (
+        Instrument(
+            "kv.prefix.query.tokens",
+            "counter",
+            "{token}",
+            ("engine", "layer"),
+            "prompt tokens looked up in the prefix cache",
+        ),
+        Instrument(
+            "kv.prefix.hit.tokens", "counter", "{token}", ("engine", "layer"), "prompt tokens found in the prefix cache"
+        ),
+        Instrument("kv.store.put.bytes", "counter", "By", _TIER, "bytes of KV blocks clients saved (logical puts)"),
+        Instrument("kv.store.put.ops", "counter", "{operation}", _TIER, "KV save operations"),
+        Instrument("kv.store.get.bytes", "counter", "By", _TIER, "bytes of KV blocks clients loaded (logical gets)"),
+        Instrument("kv.store.get.ops", "counter", "{operation}", _TIER, "KV load operations"),
+        Instrument("kv.tier.written.bytes", "counter", "By", _TIER, "bytes written to the medium"),
+        Instrument("kv.tier.read.bytes", "counter", "By", _TIER, "bytes read from the medium"),
+        Instrument("kv.tier.allocated.bytes", "gauge", "By", _TIER, "bytes allocated on the medium"),
+        Instrument("kv.tier.capacity.bytes", "gauge", "By", _TIER, "capacity of the medium"),
+        Instrument("kv.tier.evictions", "counter", "{block}", _TIER, "blocks or objects evicted from the medium"),
+        Instrument("kv.tier.evicted.bytes", "counter", "By", _TIER, "bytes evicted from the medium"),
+        Instrument("kv.tier.hits", "counter", "{lookup}", _TIER, "lookups served by the medium"),
+        Instrument("rdma.port.tx.bytes", "counter", "By", _NIC, "bytes sent by the RDMA port"),
+        Instrument("rdma.port.rx.bytes", "counter", "By", _NIC, "bytes received by the RDMA port"),
+        Instrument("storage.bdev.read.bytes", "counter", "By", _BDEV, "bytes read from the block device"),
+        Instrument("storage.bdev.written.bytes", "counter", "By", _BDEV, "bytes written to the block device"),
+        Instrument("storage.bdev.ops", "counter", "{operation}", (*_BDEV, "op"), "I/O operations on the block device"),
+        Instrument("storage.bdev.latency", "counter", "s", (*_BDEV, "op"), "time spent in I/O on the block device"),
+    )
+}

@@ -1,0 +1,45 @@
+"""The one sample type every source, the normalizer, the recorder and the exporters share.
+
+A raw sample keeps the source's own name and labels (what an auditor re-runs against); a normalized sample carries
+a KV-tier model instrument name (DESIGN.md: kv.store.put.bytes, kv.tier.written.bytes, rdma.port.tx.bytes, ...)
+and the model's labels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+Kind = Literal["counter", "gauge", "histogram", "summary", "info", "unknown"]
+Labels = tuple[tuple[str, str], ...]
+
+
+def labels_of(mapping: Mapping[str, str]) -> Labels:
+    """Canonical (sorted) label pairs, so equal label sets compare and hash equal."""
+    return tuple(sorted((str(key), str(value)) for key, value in mapping.items()))
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    source: str  # the collector that produced it (vllm, mooncake, spdk, rdma, tierstore, ...)
+    name: str  # raw: the source's own name; normalized: a KV-tier model instrument
+    labels: Labels
+    value: float
+    kind: Kind
+    normalized: bool = False
+
+    @property
+    def label_map(self) -> dict[str, str]:
+        return dict(self.labels)
+
+    def as_json(self) -> dict:
+        """The JSON-lines form of `kvscope scrape --once --format json`."""
+        return {
+            "source": self.source,
+            "name": self.name,
+            "labels": self.label_map,
+            "value": self.value,
+            "kind": self.kind,
+            "normalized": self.normalized,
+        }
