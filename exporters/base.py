@@ -48,7 +48,7 @@ class Collector(ABC):
     async def collect(self) -> list[Sample]:
         """One scrape of the target: raw samples, or CollectError naming what failed."""
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 - optional hook: most sources hold nothing between scrapes
         """Release connections held across scrapes."""
 
 

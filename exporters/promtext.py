@@ -10,7 +10,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import AnyHttpUrl
 
-from kvscope.exporters.base import Collector, CollectError, TargetConfig
+from kvscope.exporters.base import CollectError, Collector, TargetConfig
 from kvscope.samples import Kind, Sample, labels_of
 
 _KINDS: dict[str, Kind] = {"counter": "counter", "gauge": "gauge", "histogram": "histogram", "summary": "summary"}
@@ -45,7 +45,7 @@ def parse_exposition(source: str, text: str, target: str) -> list[Sample]:
     samples: list[Sample] = []
     try:
         for family in text_string_to_metric_families(text):
-            kind = _KINDS.get(family.type, "gauge" if family.type == "gauge" else "unknown")
+            kind = _KINDS.get(family.type, "unknown")
             for sample in family.samples:
                 if sample.name.endswith("_created"):
                     continue
