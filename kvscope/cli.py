@@ -69,6 +69,83 @@ def predict(scenario: ScenarioPath, json_out: JsonOut = None) -> None:
         _write_json(json_out, {"scenario": spec.model_dump(mode="json"), "arms": arms})
 
 
+@app.command()
+def scrape(
+    config: Annotated[Path, typer.Option("--config", help="exporter configuration (see examples/targets.yaml)")],
+    once: Annotated[bool, typer.Option("--once", help="scrape every target once, print, exit")] = False,
+    output: Annotated[str, typer.Option("--format", help="with --once: json (JSON lines) or table")] = "table",
+) -> None:
+    """Scrape the configured targets into the KV-tier model and export them (Prometheus endpoint, OTLP)."""
+    import asyncio
+
+    from kvscope.exporters.config import ConfigError, load_config
+    from kvscope.exporters.scrape import Scraper
+
+    try:
+        settings = load_config(config)
+    except ConfigError as error:
+        errors.print(f"[red]error:[/red] {error}", highlight=False)
+        raise typer.Exit(2) from None
+    if output not in ("json", "table"):
+        errors.print(f"[red]error:[/red] --format must be json or table, not {output!r}", highlight=False)
+        raise typer.Exit(2)
+    scraper = Scraper(settings.targets)
+    if once:
+        states = asyncio.run(_scrape_once(scraper))
+        _print_scrape(states, output)
+        raise typer.Exit(0 if all(state.up for state in states) else 1)
+    asyncio.run(_serve_exporter(scraper, settings.exporter))
+
+
+async def _scrape_once(scraper):
+    try:
+        return await scraper.scrape_all()
+    finally:
+        await scraper.close()
+
+
+async def _serve_exporter(scraper, settings) -> None:
+    """Scrape forever and export; Ctrl-C or SIGTERM stops cleanly."""
+    import asyncio
+    import signal
+
+    from kvscope.exporters.otel import TelemetryBridge
+
+    bridge = TelemetryBridge(scraper, settings)
+    port = bridge.serve()
+    console.print(f"exporting on http://{settings.listen_host}:{port}/metrics; {len(scraper.states)} targets")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await scraper.run(stop)
+    finally:
+        await scraper.close()
+        bridge.shutdown()
+
+
+def _print_scrape(states, output: str) -> None:
+    if output == "json":
+        for state in states:
+            for sample in [*state.raw, *state.normalized]:
+                print(json.dumps(sample.as_json()))
+    else:
+        from rich.table import Table
+
+        table = Table(title="normalized samples (KV-tier model)")
+        for column in ("target", "instrument", "labels", "value"):
+            table.add_column(column)
+        for state in states:
+            for sample in state.normalized:
+                labels = ",".join(f"{k}={v}" for k, v in sample.labels)
+                table.add_row(state.config.name, sample.name, labels, f"{sample.value:,.6g}")
+        console.print(table)
+    for state in states:
+        if not state.up:
+            errors.print(f"[red]down:[/red] {state.last_error}", highlight=False)
+
+
 @ab_app.command("run")
 def ab_run(
     scenario: ScenarioPath,

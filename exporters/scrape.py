@@ -1,0 +1,122 @@
+"""The scrape loop: every target on its own interval, concurrently, each scrape bounded by its timeout.
+
+A dead, slow or garbage-speaking target marks itself down and counts an error; it never stalls or crashes the
+others. Each successful scrape is normalized with the source's mapping and replaces the target's snapshot, which
+is all the OpenTelemetry callbacks ever read. A counter that goes backwards is a reset (a restarted vLLM or
+Mooncake): it is counted and reported, and consumers take increases the way Prometheus' increase() does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kvscope.exporters.base import CollectError, Collector, TargetConfig, collectors
+from kvscope.exporters.normalizer import Mapping, mapping_for
+from kvscope.samples import Labels, Sample
+
+
+@dataclass(frozen=True, slots=True)
+class CounterReset:
+    target: str
+    name: str
+    labels: Labels
+    before: float
+    after: float
+    at: float  # unix time of the scrape that saw it
+
+
+@dataclass
+class TargetState:
+    """What the loop knows of one target; replaced field by field, read by the exporters' callbacks."""
+
+    config: TargetConfig
+    up: bool = False
+    scrapes: int = 0
+    errors: int = 0
+    last_error: str | None = None
+    duration_s: float = 0.0
+    scraped_at: float = 0.0
+    raw: list[Sample] = field(default_factory=list)
+    normalized: list[Sample] = field(default_factory=list)
+    reset_count: int = 0
+    recent_resets: deque[CounterReset] = field(default_factory=lambda: deque(maxlen=100))
+
+
+class Scraper:
+    def __init__(
+        self,
+        targets: list[TargetConfig],
+        on_scrape: Callable[[TargetState], None] | None = None,
+    ) -> None:
+        sources = collectors()
+        self.states = {target.name: TargetState(target) for target in targets}
+        self._collectors: dict[str, Collector] = {t.name: sources[t.source](t) for t in targets}
+        self._mappings: dict[str, Mapping] = {t.name: mapping_for(t.source) for t in targets}
+        self._on_scrape = on_scrape
+
+    async def scrape(self, name: str) -> TargetState:
+        """One scrape of one target; failures are recorded on its state, never raised."""
+        state = self.states[name]
+        started = time.monotonic()
+        state.scrapes += 1
+        try:
+            raw = await asyncio.wait_for(self._collectors[name].collect(), state.config.timeout_s)
+        except TimeoutError:
+            self._fail(state, f"{name}: no answer within {state.config.timeout_s:g} s")
+        except CollectError as error:
+            self._fail(state, str(error))
+        except Exception as error:  # a bug in a source must not take the loop down; it is reported as an error
+            self._fail(state, f"{name}: {type(error).__name__}: {error}")
+        else:
+            now = time.time()
+            resets = _resets(name, state.raw, raw, now)
+            state.reset_count += len(resets)
+            state.recent_resets.extend(resets)
+            state.raw = raw
+            state.normalized = self._mappings[name].apply(raw, state.config.labels)
+            state.up, state.last_error, state.scraped_at = True, None, now
+        state.duration_s = time.monotonic() - started
+        if self._on_scrape:
+            self._on_scrape(state)
+        return state
+
+    async def scrape_all(self) -> list[TargetState]:
+        """One concurrent round over every target."""
+        return list(await asyncio.gather(*(self.scrape(name) for name in self.states)))
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Scrape every target on its interval until `stop` is set."""
+        await asyncio.gather(*(self._loop(name, stop) for name in self.states))
+
+    async def close(self) -> None:
+        await asyncio.gather(*(collector.close() for collector in self._collectors.values()))
+
+    async def _loop(self, name: str, stop: asyncio.Event) -> None:
+        interval = self.states[name].config.interval_s
+        next_at = time.monotonic()
+        while not stop.is_set():
+            await self.scrape(name)
+            next_at += interval
+            next_at = max(next_at, time.monotonic())  # a scrape that overran its interval is not made up for
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), next_at - time.monotonic())
+
+    @staticmethod
+    def _fail(state: TargetState, message: str) -> None:
+        state.up = False
+        state.errors += 1
+        state.last_error = message
+
+
+def _resets(target: str, before: list[Sample], after: list[Sample], now: float) -> list[CounterReset]:
+    previous = {(s.name, s.labels): s.value for s in before if s.kind == "counter"}
+    return [
+        CounterReset(target, s.name, s.labels, previous[(s.name, s.labels)], s.value, now)
+        for s in after
+        if s.kind == "counter" and s.value < previous.get((s.name, s.labels), float("-inf"))
+    ]

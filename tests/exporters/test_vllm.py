@@ -1,0 +1,111 @@
+"""vLLM's /metrics through the collector and its mapping, over a real HTTP server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+
+import pytest
+
+from kvscope.exporters.base import CollectError
+from kvscope.exporters.config import parse_config
+from kvscope.exporters.normalizer import mapping_for
+from kvscope.exporters.vllm import VllmCollector
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "vllm"
+DEFAULT = FIXTURES / "metrics_rendered_v0.33.0_default_SYNTHETIC.txt"
+OFFLOADING = FIXTURES / "metrics_rendered_v0.33.0_offloading_kvcachemetrics_SYNTHETIC.txt"
+
+# vLLM 0.8.5 (V1): only the gpu_ names existed.
+OLD_NAMES = """\
+# TYPE vllm:gpu_prefix_cache_queries_total counter
+vllm:gpu_prefix_cache_queries_total{engine="0",model_name="m"} 1000.0
+# TYPE vllm:gpu_prefix_cache_hits_total counter
+vllm:gpu_prefix_cache_hits_total{engine="0",model_name="m"} 250.0
+# TYPE vllm:gpu_cache_usage_perc gauge
+vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.5
+"""
+# vLLM 0.10: both names, deprecated and current, for the same counter; and two engines in one scrape.
+BOTH_NAMES_TWO_ENGINES = """\
+# TYPE vllm:gpu_prefix_cache_queries_total counter
+vllm:gpu_prefix_cache_queries_total{engine="0",model_name="m"} 700.0
+vllm:gpu_prefix_cache_queries_total{engine="1",model_name="m"} 300.0
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 700.0
+vllm:prefix_cache_queries_total{engine="1",model_name="m"} 300.0
+vllm:prefix_cache_queries_created{engine="0",model_name="m"} 1.7e9
+"""
+
+
+def scrape(url: str, **extra) -> tuple[list, list]:
+    config = parse_config({"targets": [{"name": "vllm-a", "source": "vllm", "url": url, **extra}]}).targets[0]
+    collector = VllmCollector(config)
+
+    async def once():
+        try:
+            return await collector.collect()
+        finally:
+            await collector.close()
+
+    raw = asyncio.run(once())
+    return raw, mapping_for("vllm").apply(raw, config.labels)
+
+
+def values(normalized) -> dict[tuple[str, tuple], float]:
+    return {(s.name, s.labels): s.value for s in normalized}
+
+
+def test_v0_33_offloading_connector_maps_onto_the_model(metrics_server):
+    raw, normalized = scrape(metrics_server.serve("/metrics", OFFLOADING.read_bytes()))
+    assert not any(s.name.endswith("_created") for s in raw)
+    assert all(not s.normalized for s in raw) and all(s.normalized for s in normalized)
+    gpu, external = (("engine", "0"), ("layer", "gpu")), (("engine", "0"), ("layer", "external"))
+    offload = (("system", "vllm_offload:0"), ("tier", "dram"))
+    assert values(normalized) == {
+        ("kv.prefix.query.tokens", gpu): 18432.0,
+        ("kv.prefix.hit.tokens", gpu): 9216.0,
+        ("kv.prefix.query.tokens", external): 9216.0,
+        ("kv.prefix.hit.tokens", external): 4608.0,
+        ("kv.store.put.bytes", offload): 75497472.0,
+        ("kv.store.put.ops", offload): 3.0,
+        ("kv.store.get.bytes", offload): 37748736.0,
+        ("kv.store.get.ops", offload): 3.0,
+    }
+
+
+def test_v0_33_default_has_no_offload_series(metrics_server):
+    _, normalized = scrape(metrics_server.serve("/metrics", DEFAULT.read_bytes()))
+    assert {s.name for s in normalized} == {"kv.prefix.query.tokens", "kv.prefix.hit.tokens"}
+
+
+def test_old_gpu_prefix_names_are_read(metrics_server):
+    _, normalized = scrape(metrics_server.serve("/metrics", OLD_NAMES))
+    gpu = (("engine", "0"), ("layer", "gpu"))
+    assert values(normalized) == {("kv.prefix.query.tokens", gpu): 1000.0, ("kv.prefix.hit.tokens", gpu): 250.0}
+
+
+def test_deprecated_and_current_name_together_are_not_counted_twice(metrics_server):
+    raw, normalized = scrape(metrics_server.serve("/metrics", BOTH_NAMES_TWO_ENGINES))
+    assert values(normalized) == {
+        ("kv.prefix.query.tokens", (("engine", "0"), ("layer", "gpu"))): 700.0,
+        ("kv.prefix.query.tokens", (("engine", "1"), ("layer", "gpu"))): 300.0,
+    }
+    assert {s.name for s in raw} == {"vllm:gpu_prefix_cache_queries_total", "vllm:prefix_cache_queries_total"}
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "message"),
+    [
+        ("this is { not metrics", 200, "vllm-a: not a Prometheus text exposition"),
+        ("oops", 500, "vllm-a: GET http://127.0.0.1"),
+    ],
+)
+def test_bad_answers_raise_collect_error_naming_the_target(metrics_server, body, status, message):
+    with pytest.raises(CollectError, match=message):
+        scrape(metrics_server.serve("/metrics", body, status))
+
+
+def test_unreachable_target_names_itself():
+    with pytest.raises(CollectError, match=re.escape("vllm-a: GET http://127.0.0.1:9/metrics failed")):
+        scrape("http://127.0.0.1:9/metrics")
