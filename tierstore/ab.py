@@ -16,6 +16,7 @@ from kvscope import __version__
 from kvscope.tierstore import scenario as spec
 from kvscope.tierstore.backends import make_backend
 from kvscope.tierstore.engine import EngineEmulator, Served
+from kvscope.tierstore.live import ENGINES
 from kvscope.tierstore.planner import Plan, plan
 from kvscope.tierstore.policies import make_policy
 from kvscope.tierstore.store import TieredStore
@@ -71,10 +72,16 @@ def run_arm(
     the_plan: Plan,
     on_round: RoundCallback | None = None,
     workdir: Path | None = None,
+    publish: bool = False,
 ) -> dict:
-    """Serve the scenario's requests on arm `name`; returns the arm's object of the contract."""
+    """Serve the scenario's requests on arm `name`; returns the arm's object of the contract.
+
+    With `publish`, the arm's engine is published as "<scenario>/<arm>" for the `tierstore` exporter source.
+    """
     store = build_store(scenario.arms[name], scenario.block_bytes, name, workdir)
     engine = build_engine(scenario, store)
+    if publish:
+        ENGINES.publish(f"{scenario.name}/{name}", engine)
     engine_tiers = ([engine.gpu_cache] if engine.gpu_cache else []) + store.tiers
     rows = []
     try:
@@ -100,13 +107,18 @@ def run_arm(
     }
 
 
-def run_ab(scenario: spec.Scenario, on_round: RoundCallback | None = None, workdir: Path | None = None) -> dict:
+def run_ab(
+    scenario: spec.Scenario,
+    on_round: RoundCallback | None = None,
+    workdir: Path | None = None,
+    publish: bool = False,
+) -> dict:
     """Every arm of the scenario, in the contract's shape."""
     the_plan = plan(scenario)
     return {
         "kvscope_version": __version__,
         "scenario": scenario.model_dump(mode="json"),
-        "arms": {name: run_arm(scenario, name, the_plan, on_round, workdir) for name in scenario.arms},
+        "arms": {name: run_arm(scenario, name, the_plan, on_round, workdir, publish) for name in scenario.arms},
     }
 
 

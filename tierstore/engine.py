@@ -32,6 +32,18 @@ class Served:
         return self.gpu_hit_tokens + self.external_hit_tokens
 
 
+@dataclass(slots=True)
+class EngineCounters:
+    """Cumulative, like vLLM's own prefix-cache counters, so the exporters read an emulated engine as a real one."""
+
+    requests: int = 0
+    query_tokens: int = 0  # prompt tokens looked up (vLLM's prefix_cache_queries)
+    external_query_tokens: int = 0  # the part the GPU cache missed, asked of the store (external_prefix_cache_queries)
+    gpu_hit_tokens: int = 0
+    external_hit_tokens: int = 0
+    recompute_tokens: int = 0
+
+
 class EngineEmulator:
     def __init__(
         self,
@@ -46,6 +58,7 @@ class EngineEmulator:
         self.block_bytes = block_bytes
         self.prefill_tokens_per_s = prefill_tokens_per_s
         self.gpu_cache = gpu_cache
+        self.counters = EngineCounters()
 
     def serve(self, request: Request) -> Served:
         keys = request.keys
@@ -67,6 +80,13 @@ class EngineEmulator:
             gpu.release(keys)
         self.store.release(keys)
         recompute = request.prompt_tokens - hit_blocks * self.block_tokens
+        counters = self.counters
+        counters.requests += 1
+        counters.query_tokens += request.prompt_tokens
+        counters.external_query_tokens += request.prompt_tokens - gpu_blocks * self.block_tokens
+        counters.gpu_hit_tokens += gpu_blocks * self.block_tokens
+        counters.external_hit_tokens += hit.blocks * self.block_tokens
+        counters.recompute_tokens += recompute
         ttft = recompute / self.prefill_tokens_per_s + sum(
             nbytes / tier.read_bandwidth
             for nbytes, tier in zip(read_bytes, self.store.tiers, strict=True)

@@ -1,0 +1,64 @@
+"""An A/B on the embedded store, scraped through the `tierstore` source: the exported model equals the run."""
+
+from __future__ import annotations
+
+import asyncio
+
+from kvscope.exporters.config import parse_config
+from kvscope.exporters.scrape import Scraper
+from kvscope.tierstore.ab import run_ab
+from kvscope.tierstore.live import ENGINES
+from kvscope.tierstore.scenario import parse_scenario
+
+SCENARIO = {
+    "name": "exported",
+    "workload": {"kind": "multi_round", "sessions": 5, "rounds": 6, "first_prompt_tokens": 700, "output_tokens": 300},
+    "kv": {"block_tokens": 64, "bytes_per_token": 100},
+    "arms": {
+        "small": {"tiers": [{"name": "dram", "capacity": "200KB"}]},
+        "tiered": {"tiers": [{"name": "dram", "capacity": "100KB"}, {"name": "nof", "capacity": "10MB"}]},
+    },
+}
+
+
+def scrape(targets: list[dict]):
+    scraper = Scraper(parse_config({"targets": targets}).targets)
+
+    async def once():
+        try:
+            return await scraper.scrape_all()
+        finally:
+            await scraper.close()
+
+    return asyncio.run(once())
+
+
+def test_exported_model_equals_the_ab_totals():
+    result = run_ab(parse_scenario(SCENARIO), publish=True)
+    try:
+        [state] = scrape([{"name": "embedded", "source": "tierstore", "stores": ["exported/small", "exported/tiered"]}])
+    finally:
+        for arm in SCENARIO["arms"]:
+            ENGINES.withdraw(f"exported/{arm}")
+    assert state.up
+    model = {(s.name, s.labels): s.value for s in state.normalized}
+    for arm, arm_result in result["arms"].items():
+        store = f"exported/{arm}"
+        totals = arm_result["totals"]
+        engine = (("engine", store), ("layer", "external"))
+        assert model[("kv.prefix.query.tokens", engine)] == totals["query_tokens"]
+        assert model[("kv.prefix.hit.tokens", engine)] == totals["hit_tokens"]
+        for tier, counters in totals["tiers"].items():
+            labels = (("system", f"tierstore:{store}"), ("tier", tier))
+            assert model[("kv.store.put.bytes", labels)] == counters["put_bytes"]
+            assert model[("kv.tier.written.bytes", labels)] == counters["written_bytes"]
+            assert model[("kv.tier.evictions", labels)] == counters["evictions"]
+            assert model[("kv.tier.allocated.bytes", labels)] == counters["allocated_bytes"]
+            assert model[("kv.tier.capacity.bytes", labels)] == counters["capacity_bytes"]
+    assert result["arms"]["small"]["totals"]["evictions"]["dram"] > 0, "the small arm must evict to mean anything"
+    assert model[("kv.tier.evictions", (("system", "tierstore:exported/tiered"), ("tier", "nof")))] == 0
+
+
+def test_an_unpublished_store_yields_nothing():
+    [state] = scrape([{"name": "embedded", "source": "tierstore", "stores": ["nothing/here"]}])
+    assert state.up and state.raw == [] and state.normalized == []
