@@ -68,7 +68,14 @@ def test_predict_writes_the_prediction_alone(tmp_path, long_output):
     assert prediction["arms"]["dram_only"]["prediction"] == long_output["arms"]["dram_only"]["prediction"]
 
 
-@pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
+SCENARIOS = sorted(p.name for p in EXAMPLES.glob("*.yaml") if "workload:" in p.read_text())
+
+
+def test_the_examples_include_every_scenario_the_readme_names():
+    assert {"long_output.yaml", "long_output_50_rounds.yaml", "shared_prompt.yaml", "trace.yaml"} <= set(SCENARIOS)
+
+
+@pytest.mark.parametrize("example", SCENARIOS)
 def test_every_shipped_example_predicts(example):
     result = runner.invoke(app, ["predict", str(EXAMPLES / example)])
     assert result.exit_code == 0, result.output
