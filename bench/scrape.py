@@ -1,0 +1,232 @@
+"""Scrape cost: one realistic node from the fixtures, and the RDMA collector against node_exporter.
+
+Part 1, CPU time of one scrape of a realistic node: 4 vLLM engines and a Mooncake master with 2 clients (the
+captures, served by `python -m http.server` in another process), one SPDK target (a JSON-RPC peer in another
+process answering from the live captures) and 8 RDMA NICs (the mlx5 fixture device copied 8 times into a sysfs
+tree). Measured with time.process_time() around Scraper.scrape_all() plus rendering the Prometheus exposition:
+everything kvscope does for one scrape, in every thread of this process.
+
+Part 2, the same 8-NIC sysfs tree read by kvscope's RDMA collector and by Debian's node_exporter
+(`--collector.disable-defaults --collector.infiniband --path.sysfs=TREE`), side by side: node_exporter's CPU time
+per scrape (from /proc/PID/stat over N requests) is the anchor; kvscope's is collect + normalize + render.
+
+Run: .venv/bin/python bench/scrape.py [--repeat N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shlex
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import httpx
+from prometheus_client import REGISTRY, generate_latest
+
+from kvscope.exporters.config import ExporterSettings, parse_config
+from kvscope.exporters.otel import TelemetryBridge
+from kvscope.exporters.scrape import Scraper
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures"
+NICS = 8
+
+SPDK_PEER = textwrap.dedent(
+    """
+    import json, socket, sys, pathlib
+    live = pathlib.Path(sys.argv[2])
+    server = socket.socket(socket.AF_UNIX); server.bind(sys.argv[1]); server.listen()
+    decoder = json.JSONDecoder()
+    while True:
+        conn, _ = server.accept()
+        buffer = ""
+        while chunk := conn.recv(65536):
+            buffer += chunk.decode()
+            while buffer.strip():
+                try:
+                    request, end = decoder.raw_decode(buffer.lstrip())
+                except ValueError:
+                    break
+                buffer = buffer.lstrip()[end:]
+                path = live / (request["method"] + ".json")
+                path = path if path.exists() else live / "error.method_not_found.json"
+                answer = json.loads(path.read_text())
+                answer["id"] = request["id"]
+                conn.sendall(json.dumps(answer).encode())
+    """
+)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(check, what: str, seconds: float = 15) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except (OSError, httpx.TransportError):
+            pass
+        time.sleep(0.1)
+    raise SystemExit(f"{what} did not come up within {seconds} s")
+
+
+def nic_tree(workdir: Path) -> Path:
+    """A sysfs root with NICS copies of the fixture's mlx5_0 (symlinks kept)."""
+    source = FIXTURES / "rdma" / "sysfs" / "class" / "infiniband" / "mlx5_0"
+    root = workdir / "sysfs"
+    for index in range(NICS):
+        shutil.copytree(source, root / "class" / "infiniband" / f"mlx5_{index}", symlinks=True)
+    return root
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure_kvscope(targets: list[dict], repeat: int) -> list[float]:
+    """CPU seconds of each of `repeat` scrapes (scrape_all + render), after one warm-up."""
+    config = parse_config({"targets": targets})
+    scraper = Scraper(config.targets)
+    bridge = TelemetryBridge(scraper, ExporterSettings(listen_port=0))
+
+    async def run() -> list[float]:
+        times = []
+        for index in range(repeat + 1):
+            started = time.process_time()
+            states = await scraper.scrape_all()
+            generate_latest(REGISTRY)
+            if index:
+                times.append(time.process_time() - started)
+            down = [state.last_error for state in states if not state.up]
+            if down:
+                raise SystemExit(f"targets down: {down}")
+        await scraper.close()
+        return times
+
+    try:
+        return asyncio.run(run())
+    finally:
+        bridge.shutdown()
+
+
+def node_exporter_cpu(binary: str, sysfs: Path, repeat: int) -> tuple[float, int]:
+    """node_exporter's CPU seconds per scrape of the tree, and how many infiniband lines it rendered."""
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            binary,
+            "--collector.disable-defaults",
+            "--collector.infiniband",
+            f"--path.sysfs={sysfs}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}/metrics"
+        wait_for(lambda: httpx.get(url).status_code == 200, "node_exporter")
+        with httpx.Client() as client:
+            lines = sum(line.startswith("node_infiniband") for line in client.get(url).text.splitlines())
+            before = cpu_seconds(process.pid)
+            for _ in range(repeat):
+                client.get(url)
+            return (cpu_seconds(process.pid) - before) / repeat, lines
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeat", type=int, default=50, help="scrapes measured per side (default 50)")
+    args = parser.parse_args()
+    print(f"command: {shlex.join([sys.executable, *sys.argv])}")
+    print(f"python {sys.version.split()[0]} on {os.cpu_count()} CPUs; {time.strftime('%Y-%m-%d %H:%M:%S')}")
+    workdir = Path(tempfile.mkdtemp(prefix="kvscope-scrape-bench-"))
+    processes: list[subprocess.Popen] = []
+    try:
+        sysfs = nic_tree(workdir)
+        web = workdir / "web"
+        web.mkdir()
+        for name in ("metrics_rendered_v0.33.0_offloading_kvcachemetrics_SYNTHETIC.txt",):
+            shutil.copy(FIXTURES / "vllm" / name, web / "vllm.txt")
+        shutil.copy(FIXTURES / "mooncake" / "master_metrics_after.txt", web / "master.txt")
+        shutil.copy(FIXTURES / "mooncake" / "client_metrics_user_after.txt", web / "client.txt")
+        port = free_port()
+        processes.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "-d", str(web)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
+        spdk_socket = workdir / "spdk.sock"
+        processes.append(
+            subprocess.Popen([sys.executable, "-c", SPDK_PEER, str(spdk_socket), str(FIXTURES / "spdk" / "live")])
+        )
+        base = f"http://127.0.0.1:{port}"
+        wait_for(lambda: httpx.get(f"{base}/vllm.txt").status_code == 200, "the fixture web server")
+        wait_for(spdk_socket.exists, "the SPDK peer")
+        rdma = {
+            "name": "nics",
+            "source": "rdma",
+            "sysfs": str(sysfs),
+            "host": "bench",
+            "roles": {f"mlx5_{i}": "dram" if i < NICS // 2 else "nof" for i in range(NICS)},
+        }
+        node = [
+            *({"name": f"vllm-{i}", "source": "vllm", "url": f"{base}/vllm.txt"} for i in range(4)),
+            {"name": "mooncake-master", "source": "mooncake", "url": f"{base}/master.txt"},
+            *({"name": f"mooncake-client-{i}", "source": "mooncake", "url": f"{base}/client.txt"} for i in range(2)),
+            {"name": "spdk", "source": "spdk", "socket": str(spdk_socket), "labels": {"role": "nof"}},
+            rdma,
+        ]
+        node_times = measure_kvscope(node, args.repeat)
+        median_ms = statistics.median(node_times) * 1e3
+        p90_ms = statistics.quantiles(node_times, n=10)[-1] * 1e3
+        print(
+            f"\n1. one scrape of a realistic node ({len(node)} targets: 4 vLLM, Mooncake master + 2 clients, SPDK, "
+            f"{NICS} NICs), CPU time in kvscope's process, median of {args.repeat}: {median_ms:.1f} ms "
+            f"(p90 {p90_ms:.1f} ms)"
+        )
+
+        binary = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
+        rdma_times = measure_kvscope([rdma], args.repeat)
+        kv_cpu = statistics.median(rdma_times)
+        print(
+            f"\n2. RDMA collector against node_exporter on the same {NICS}-NIC sysfs tree ({args.repeat} scrapes each)"
+        )
+        if binary is None:
+            print("   node_exporter is not installed (Debian: prometheus-node-exporter): anchor not measured")
+            print(f"   kvscope: {kv_cpu * 1e3:.2f} ms CPU per scrape (median)")
+            return 0
+        ne_cpu, lines = node_exporter_cpu(binary, sysfs, args.repeat)
+        print(f"   node_exporter ({binary}): {ne_cpu * 1e3:.2f} ms CPU per scrape (mean), {lines} infiniband lines")
+        print(f"   kvscope rdma (collect + normalize + render): {kv_cpu * 1e3:.2f} ms CPU per scrape (median)")
+        print(f"   ratio node_exporter / kvscope = {ne_cpu / kv_cpu:.2f}x (goal >= 1: kvscope no slower)")
+        return 0
+    finally:
+        for process in processes:
+            process.terminate()
+            process.wait(10)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
