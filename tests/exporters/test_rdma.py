@@ -1,0 +1,611 @@
+"""RDMA NICs from sysfs through the collector and its mapping.
+
+The fixture tree (tests/fixtures/rdma/sysfs, from prometheus/procfs) has mlx4, mlx5 (with hw_counters) and hfi1
+InfiniBand ports; everything it lacks (RoCE ports, symlinked devices with netdevs, GID netdevs, congestion
+counters, N/A values, legacy counters_ext, saturated and wrapping counters) is written by the tests in tmp_path,
+laid out as a real sysfs is: class/infiniband/<dev> -> devices/.../infiniband/<dev>, <dev>/device -> the PCI
+function, whose net/<ifname>/ holds the netdevs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+from kvscope.exporters.base import CollectError, collectors
+from kvscope.exporters.config import parse_config
+from kvscope.exporters.normalizer import mapping_for
+from kvscope.exporters.rdma import RdmaCollector, parse_statistic_json
+from kvscope.exporters.scrape import Scraper
+
+FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "rdma" / "sysfs"
+NIC = ("host", "device", "port", "netdev", "role")
+
+
+def config_of(sysfs: Path, **fields):
+    target = {"name": "rdma-a", "source": "rdma", "sysfs": str(sysfs), "host": "node-a", **fields}
+    return parse_config({"targets": [target]}).targets[0]
+
+
+def scrape(sysfs: Path, **fields) -> tuple[list, list]:
+    config = config_of(sysfs, **fields)
+    raw = asyncio.run(RdmaCollector(config).collect())
+    return raw, mapping_for("rdma").apply(raw, config.labels)
+
+
+def find(samples, name: str, **labels) -> list:
+    return [s for s in samples if s.name == name and all(s.label_map.get(k) == v for k, v in labels.items())]
+
+
+def value(samples, name: str, **labels) -> float:
+    found = find(samples, name, **labels)
+    assert len(found) == 1, f"{name} {labels}: {len(found)} samples"
+    return found[0].value
+
+
+def nic(device: str, port: str, netdev: str = "", role: str = "", host: str = "node-a") -> tuple:
+    return tuple(sorted({"host": host, "device": device, "port": port, "netdev": netdev, "role": role}.items()))
+
+
+def bytes_by_port(normalized) -> dict[tuple[str, tuple], float]:
+    return {(s.name, s.labels): s.value for s in normalized}
+
+
+# --- synthetic sysfs ---------------------------------------------------------------------------------------------
+
+
+def write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{text}\n")
+
+
+def rdma_device(sysfs: Path, device: str, pci: str = "0000:3b:00.0") -> Path:
+    """<sysfs>/devices/pci0000:00/<pci>/infiniband/<device>, linked from class/infiniband, `device` -> the PCI dir."""
+    pci_dir = sysfs / "devices" / "pci0000:00" / pci
+    device_dir = pci_dir / "infiniband" / device
+    device_dir.mkdir(parents=True)
+    link = sysfs / "class" / "infiniband" / device
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(os.path.relpath(device_dir, link.parent))
+    (device_dir / "device").symlink_to(os.path.relpath(pci_dir, device_dir))
+    write(device_dir / "fw_ver", "22.39.1002")
+    return device_dir
+
+
+def rdma_port(
+    device_dir: Path,
+    port: str = "1",
+    *,
+    link_layer: str = "Ethernet",
+    rate: str = "100 Gb/sec (2X HDR)",
+    counters: dict[str, object] | None = None,
+    counters_ext: dict[str, object] | None = None,
+    hw: dict[str, object] | None = None,
+    ndevs: dict[str, str] | None = None,
+) -> Path:
+    path = device_dir / "ports" / port
+    write(path / "link_layer", link_layer)
+    write(path / "rate", rate)
+    write(path / "state", "4: ACTIVE")
+    write(path / "phys_state", "5: LinkUp")
+    for group, files in (("counters", counters), ("counters_ext", counters_ext), ("hw_counters", hw)):
+        for name, number in (files or {}).items():
+            write(path / group / name, str(number))
+    for index, name in (ndevs or {}).items():
+        write(path / "gid_attrs" / "ndevs" / index, name)
+    return path
+
+
+def netdev(device_dir: Path, name: str, dev_port: int | None = None, dev_id: str | None = None) -> None:
+    """A netdev of the device's PCI function (written through the `device` symlink)."""
+    net = device_dir / "device" / "net" / name
+    net.mkdir(parents=True)
+    if dev_port is not None:
+        write(net / "dev_port", str(dev_port))
+    if dev_id is not None:
+        write(net / "dev_id", dev_id)
+
+
+def roce_host(sysfs: Path) -> Path:
+    """mlx5_0: one RoCE port on ens1f0np0, with mlx5 congestion counters."""
+    device = rdma_device(sysfs, "mlx5_0")
+    netdev(device, "ens1f0np0", dev_port=0)
+    rdma_port(
+        device,
+        counters={"port_xmit_data": 123456789012, "port_rcv_data": 98765432109, "symbol_error": 0},
+        hw={
+            "np_cnp_sent": 4242,
+            "rp_cnp_handled": 4100,
+            "rp_cnp_ignored": 3,
+            "np_ecn_marked_roce_packets": 5150,
+            "rx_icrc_encapsulated": 0,
+            "out_of_buffer": 17,
+            "lifespan": 10,
+        },
+        ndevs={"0": "ens1f0np0", "1": "ens1f0np0", "2": "ens1f0np0.100"},
+    )
+    return device
+
+
+# --- the fixture tree --------------------------------------------------------------------------------------------
+
+
+def test_the_source_is_discovered():
+    assert collectors()["rdma"] is RdmaCollector
+
+
+def test_fixture_raw_samples_keep_the_sysfs_values():
+    raw, _ = scrape(FIXTURE)
+    assert all(s.source == "rdma" and not s.normalized for s in raw)
+    # PMA counters, in the sysfs unit (words for data): hand-read from the files.
+    assert value(raw, "rdma_port_counter", device="mlx4_0", port="1", counter="port_xmit_data") == 26509113295
+    assert value(raw, "rdma_port_counter", device="mlx4_0", port="2", counter="port_rcv_data") == 2460436784
+    assert value(raw, "rdma_port_counter", device="mlx4_0", port="2", counter="port_xmit_wait") == 3846
+    assert value(raw, "rdma_port_counter", device="mlx5_0", port="1", counter="unicast_xmit_packets") == 10907922116
+    assert value(raw, "rdma_port_counter", device="hfi1_0", port="1", counter="port_rcv_data") == 345091702026
+    # Every file of every counters/ directory is a sample: 17 + 17 (mlx4), 21 (mlx5), 17 (hfi1).
+    assert len(find(raw, "rdma_port_counter")) == 72
+    # mlx5 hw_counters: 24 counters; lifespan is a setting (ms), a gauge of its own.
+    hw = find(raw, "rdma_port_hw_counter", device="mlx5_0", port="1")
+    assert len(hw) == 24 and "lifespan" not in {s.label_map["counter"] for s in hw}
+    assert value(raw, "rdma_port_hw_counter", device="mlx5_0", counter="rx_read_requests") == 175528982
+    assert value(raw, "rdma_port_hw_counter", device="mlx5_0", counter="req_cqe_error") == 3481
+    assert value(raw, "rdma_port_hw_counters_lifespan_ms", device="mlx5_0", port="1") == 10
+    assert {s.kind for s in hw} == {"counter"}
+
+
+def test_fixture_port_information():
+    raw, _ = scrape(FIXTURE)
+    rates = {(s.label_map["device"], s.label_map["port"]): s.value for s in find(raw, "rdma_port_rate_gbps")}
+    assert rates == {("hfi1_0", "1"): 100.0, ("mlx4_0", "1"): 40.0, ("mlx4_0", "2"): 40.0, ("mlx5_0", "1"): 25.0}
+    assert {s.value for s in find(raw, "rdma_port_state")} == {4.0}
+    assert value(raw, "rdma_port_phys_state", device="mlx4_0", port="1") == 5
+    info = find(raw, "rdma_port_info", device="hfi1_0")[0]
+    assert info.kind == "info" and info.value == 1
+    assert info.label_map == {
+        "host": "node-a",
+        "device": "hfi1_0",
+        "port": "1",
+        "netdev": "",
+        "role": "",
+        "state": "ACTIVE",
+        "phys_state": "LinkUp",
+        "link_layer": "InfiniBand",
+        "rate": "100 Gb/sec (4X EDR)",
+    }
+    device = find(raw, "rdma_device_info", device="mlx5_0")[0].label_map
+    assert (device["fw_ver"], device["hca_type"], device["node_guid"]) == (
+        "14.28.2006",
+        "MT4118",
+        "0a7f:bc12:45ef:d23b",
+    )
+    # No counter of the fixture is stuck at its maximum.
+    saturated = find(raw, "rdma_port_counter_saturated")
+    assert len(saturated) == 4 * 17 and {s.value for s in saturated} == {0.0}
+
+
+def test_fixture_bytes_are_words_times_four():
+    raw, normalized = scrape(FIXTURE)
+    assert all(s.normalized and s.kind == "counter" for s in normalized)
+    assert {s.label_map["file"] for s in find(raw, "rdma_port_data_words")} == {
+        "counters/port_xmit_data",
+        "counters/port_rcv_data",
+    }
+    assert bytes_by_port(normalized) == {
+        ("rdma.port.tx.bytes", nic("mlx4_0", "1")): 26509113295 * 4,
+        ("rdma.port.rx.bytes", nic("mlx4_0", "1")): 2221223609 * 4,
+        ("rdma.port.tx.bytes", nic("mlx4_0", "2")): 26540356890 * 4,
+        ("rdma.port.rx.bytes", nic("mlx4_0", "2")): 2460436784 * 4,
+        ("rdma.port.tx.bytes", nic("mlx5_0", "1")): 2880761508848 * 4,  # 11523046035392
+        ("rdma.port.rx.bytes", nic("mlx5_0", "1")): 18126345378 * 4,
+        ("rdma.port.tx.bytes", nic("hfi1_0", "1")): 273558326543 * 4,
+        ("rdma.port.rx.bytes", nic("hfi1_0", "1")): 345091702026 * 4,
+    }
+    assert bytes_by_port(normalized)[("rdma.port.tx.bytes", nic("mlx5_0", "1"))] == 11523046035392
+
+
+def test_devices_filter_reads_only_those():
+    raw, normalized = scrape(FIXTURE, devices=["mlx5_0"])
+    assert {s.label_map["device"] for s in raw} == {"mlx5_0"}
+    assert len(normalized) == 2
+
+
+def test_a_scrape_changes_nothing_in_the_tree(tmp_path):
+    roce_host(tmp_path)
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in tmp_path.rglob("*") if p.is_file()}
+    scrape(tmp_path)
+    after = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in tmp_path.rglob("*") if p.is_file()}
+    assert after == before
+
+
+def test_the_tree_is_walked_in_a_worker_thread(monkeypatch):
+    import kvscope.exporters.rdma as module
+
+    calls = []
+    real = asyncio.to_thread
+
+    async def recording(function, *args, **kwargs):
+        calls.append(function.__name__)
+        return await real(function, *args, **kwargs)
+
+    monkeypatch.setattr(module.asyncio, "to_thread", recording)
+    scrape(FIXTURE)
+    assert calls == ["_scan"]
+
+
+# --- errors ------------------------------------------------------------------------------------------------------
+
+
+def test_a_missing_sysfs_path_names_the_target_and_the_path(tmp_path):
+    missing = tmp_path / "no-such-sys"
+    with pytest.raises(CollectError) as caught:
+        scrape(missing)
+    assert "rdma-a" in str(caught.value) and str(missing / "class" / "infiniband") in str(caught.value)
+
+
+def test_a_listed_device_that_is_absent_fails_the_scrape():
+    with pytest.raises(CollectError, match=r"rdma-a: RDMA device\(s\) mlx5_9 not found under .*present: hfi1_0"):
+        scrape(FIXTURE, devices=["mlx5_0", "mlx5_9"])
+
+
+def test_an_empty_class_directory_is_no_samples(tmp_path):
+    (tmp_path / "class" / "infiniband").mkdir(parents=True)
+    assert scrape(tmp_path) == ([], [])
+
+
+# --- RoCE, netdevs, congestion -------------------------------------------------------------------------------------
+
+
+def test_roce_port_netdev_from_gid_table_and_congestion_counters(tmp_path):
+    roce_host(tmp_path)
+    raw, normalized = scrape(tmp_path, roles={"ens1f0np0": "nof"})
+    labels = {"device": "mlx5_0", "port": "1", "netdev": "ens1f0np0", "role": "nof"}
+    assert value(raw, "rdma_port_hw_counter", counter="np_cnp_sent", **labels) == 4242
+    assert value(raw, "rdma_port_hw_counter", counter="rp_cnp_handled", **labels) == 4100
+    assert value(raw, "rdma_port_hw_counter", counter="rp_cnp_ignored", **labels) == 3
+    assert value(raw, "rdma_port_hw_counter", counter="np_ecn_marked_roce_packets", **labels) == 5150
+    assert value(raw, "rdma_port_hw_counter", counter="rx_icrc_encapsulated", **labels) == 0
+    assert find(raw, "rdma_port_info", **labels)[0].label_map["link_layer"] == "Ethernet"
+    assert value(raw, "rdma_port_rate_gbps", **labels) == 100
+    assert bytes_by_port(normalized) == {
+        ("rdma.port.tx.bytes", nic("mlx5_0", "1", "ens1f0np0", "nof")): 123456789012 * 4,
+        ("rdma.port.rx.bytes", nic("mlx5_0", "1", "ens1f0np0", "nof")): 98765432109 * 4,
+    }
+    # Every port-level sample carries all five model labels.
+    for sample in raw:
+        if "port" in sample.label_map:
+            assert set(NIC) <= set(sample.label_map), sample
+
+
+def test_gid_netdev_is_the_lowest_readable_entry(tmp_path):
+    device = rdma_device(tmp_path, "mlx5_0")
+    port = rdma_port(device, ndevs={"1": "bond0", "2": "bond0.200", "10": "other"})
+    (port / "gid_attrs" / "ndevs" / "0").mkdir()  # reading it fails, as an unused GID entry's EINVAL does
+    raw, _ = scrape(tmp_path)
+    assert value(raw, "rdma_port_info", device="mlx5_0")
+    assert find(raw, "rdma_port_info")[0].label_map["netdev"] == "bond0"
+
+
+def test_roce_port_without_gid_netdevs_falls_back_to_the_pci_netdev(tmp_path):
+    device = rdma_device(tmp_path, "mlx5_1", pci="0000:3b:00.1")
+    netdev(device, "ens1f1np1", dev_port=0)
+    rdma_port(device, counters={"port_xmit_data": 10, "port_rcv_data": 20})
+    _, normalized = scrape(tmp_path)
+    assert {s.label_map["netdev"] for s in normalized} == {"ens1f1np1"}
+
+
+def test_ib_ports_map_to_ipoib_netdevs_by_dev_port(tmp_path):
+    device = rdma_device(tmp_path, "mlx4_0")
+    netdev(device, "ib0", dev_port=0)
+    netdev(device, "ib0.8001", dev_port=0)  # a child interface: the parent is preferred
+    netdev(device, "ib1", dev_port=1)
+    for port in ("1", "2"):
+        rdma_port(device, port, link_layer="InfiniBand", counters={"port_xmit_data": 1, "port_rcv_data": 1})
+    raw, _ = scrape(tmp_path)
+    netdevs = {s.label_map["port"]: s.label_map["netdev"] for s in find(raw, "rdma_port_info")}
+    assert netdevs == {"1": "ib0", "2": "ib1"}
+
+
+def test_older_kernels_dev_id_and_a_lone_netdev(tmp_path):
+    old = rdma_device(tmp_path, "mlx4_0")
+    netdev(old, "eth0", dev_id="0x0")
+    netdev(old, "eth1", dev_id="0x1")
+    rdma_port(old, "1")
+    rdma_port(old, "2")
+    lone = rdma_device(tmp_path, "rxe0", pci="0000:00:03.0")
+    netdev(lone, "enp0s3")  # says nothing about its port: the only netdev is taken
+    rdma_port(lone, "1", rate="10 Gb/sec (1X QDR)")
+    raw, _ = scrape(tmp_path)
+    netdevs = {(s.label_map["device"], s.label_map["port"]): s.label_map["netdev"] for s in find(raw, "rdma_port_info")}
+    assert netdevs == {("mlx4_0", "1"): "eth0", ("mlx4_0", "2"): "eth1", ("rxe0", "1"): "enp0s3"}
+    assert value(raw, "rdma_port_rate_gbps", device="rxe0") == 10
+
+
+# --- values that are not numbers, legacy files, saturation and wrap -----------------------------------------------
+
+
+def test_na_no_pma_values_are_skipped_not_fatal(tmp_path):
+    device = rdma_device(tmp_path, "siw0")
+    rdma_port(
+        device,
+        counters={"port_xmit_data": "N/A (no PMA)", "port_rcv_data": "N/A (no PMA)", "symbol_error": "N/A (no PMA)"},
+        hw={"tx_bytes": 5000, "broken": ""},
+    )
+    raw, normalized = scrape(tmp_path)
+    assert find(raw, "rdma_port_counter") == [] and find(raw, "rdma_port_counter_saturated") == []
+    assert find(raw, "rdma_port_data_words") == [] and normalized == []
+    assert [s.label_map["counter"] for s in find(raw, "rdma_port_hw_counter")] == ["tx_bytes"]
+    assert value(raw, "rdma_port_state", device="siw0") == 4
+
+
+def test_legacy_counters_ext_is_preferred_per_port(tmp_path):
+    # mlx4_0 (legacy OFED): the 32-bit counters/port_xmit_data is stuck at 2^32-1; counters_ext has the 64-bit one.
+    legacy = rdma_device(tmp_path, "mlx4_0")
+    rdma_port(
+        legacy,
+        link_layer="InfiniBand",
+        counters={"port_xmit_data": 2**32 - 1, "port_rcv_data": 123},
+        counters_ext={"port_xmit_data_64": 5_000_000_000, "port_rcv_data_64": 123, "port_xmit_packets_64": 77},
+    )
+    # mlx5_0 on the same host has no counters_ext: its counters/ must still be mapped.
+    current = rdma_device(tmp_path, "mlx5_0", pci="0000:af:00.0")
+    rdma_port(current, link_layer="InfiniBand", counters={"port_xmit_data": 1000, "port_rcv_data": 2000})
+    raw, normalized = scrape(tmp_path)
+    assert value(raw, "rdma_port_counter_ext", device="mlx4_0", counter="port_xmit_data_64") == 5_000_000_000
+    assert value(raw, "rdma_port_counter_ext", device="mlx4_0", counter="port_xmit_packets_64") == 77
+    assert value(raw, "rdma_port_counter", device="mlx4_0", counter="port_xmit_data") == 2**32 - 1
+    assert value(raw, "rdma_port_counter_saturated", device="mlx4_0", counter="port_xmit_data") == 1
+    assert value(raw, "rdma_port_data_words", device="mlx4_0", direction="tx") == 5_000_000_000
+    assert find(raw, "rdma_port_data_words", device="mlx4_0", direction="tx")[0].label_map["file"] == (
+        "counters_ext/port_xmit_data_64"
+    )
+    assert bytes_by_port(normalized) == {
+        ("rdma.port.tx.bytes", nic("mlx4_0", "1")): 20_000_000_000,  # not 4 x (5e9 + 2^32-1)
+        ("rdma.port.rx.bytes", nic("mlx4_0", "1")): 492,
+        ("rdma.port.tx.bytes", nic("mlx5_0", "1")): 4000,
+        ("rdma.port.rx.bytes", nic("mlx5_0", "1")): 8000,
+    }
+
+
+def test_unreadable_counters_ext_falls_back_to_counters(tmp_path):
+    device = rdma_device(tmp_path, "mlx4_0")
+    rdma_port(
+        device,
+        counters={"port_xmit_data": 40, "port_rcv_data": 50},
+        counters_ext={"port_xmit_data_64": "N/A (no PMA)"},
+    )
+    raw, _ = scrape(tmp_path)
+    files = {s.label_map["direction"]: s.label_map["file"] for s in find(raw, "rdma_port_data_words")}
+    assert files == {"tx": "counters/port_xmit_data", "rx": "counters/port_rcv_data"}
+
+
+def test_narrow_error_counters_at_their_maximum_are_flagged_saturated(tmp_path):
+    device = rdma_device(tmp_path, "mlx5_0")
+    narrow = {
+        "local_link_integrity_errors": 15,  # 4 bits
+        "excessive_buffer_overrun_errors": 14,
+        "link_downed": 255,  # 8 bits
+        "port_rcv_constraint_errors": 254,
+        "symbol_error": 65535,  # 16 bits
+        "port_rcv_errors": 65534,
+        "VL15_dropped": 65535,
+        "port_xmit_wait": 2**32 - 1,  # 32 bits
+        "port_xmit_data": 2**32,  # above 2^32-1: a 64-bit (extended) counter, not stuck
+    }
+    rdma_port(device, link_layer="InfiniBand", counters=narrow)
+    raw, _ = scrape(tmp_path)
+    flags = {s.label_map["counter"]: s.value for s in find(raw, "rdma_port_counter_saturated")}
+    assert flags == {
+        "local_link_integrity_errors": 1,
+        "excessive_buffer_overrun_errors": 0,
+        "link_downed": 1,
+        "port_rcv_constraint_errors": 0,
+        "symbol_error": 1,
+        "port_rcv_errors": 0,
+        "VL15_dropped": 1,
+        "port_xmit_wait": 1,
+        "port_xmit_data": 0,
+    }
+    # The counters themselves are exported as read.
+    assert value(raw, "rdma_port_counter", counter="symbol_error") == 65535
+
+
+def test_a_32_bit_hw_counter_at_its_maximum_is_exported_raw_and_its_wrap_is_a_reset(tmp_path):
+    roce_host(tmp_path)
+    counter = tmp_path / "class/infiniband/mlx5_0/ports/1/hw_counters/out_of_buffer"
+    write(counter, str(2**32 - 1))
+    config = config_of(tmp_path)
+    scraper = Scraper([config])
+
+    async def twice():
+        first = await scraper.scrape("rdma-a")
+        first_raw = list(first.raw)
+        write(counter, "6")  # the 32-bit hardware counter wrapped
+        second = await scraper.scrape("rdma-a")
+        await scraper.close()
+        return first_raw, second
+
+    first_raw, second = asyncio.run(twice())
+    assert value(first_raw, "rdma_port_hw_counter", counter="out_of_buffer") == 4294967295
+    # hw counters wrap, they do not saturate: no saturation flag, no unwrapping.
+    assert find(first_raw, "rdma_port_counter_saturated", counter="out_of_buffer") == []
+    assert second.up and value(second.raw, "rdma_port_hw_counter", counter="out_of_buffer") == 6
+    resets = [r for r in second.recent_resets if r.name == "rdma_port_hw_counter"]
+    assert [(dict(r.labels)["counter"], r.before, r.after) for r in resets] == [("out_of_buffer", 4294967295, 6)]
+
+
+# --- roles and host ---------------------------------------------------------------------------------------------
+
+
+def test_roles_by_device_by_port_and_by_netdev(tmp_path):
+    nof = rdma_device(tmp_path, "mlx5_0")
+    netdev(nof, "ens1f0np0", dev_port=0)
+    netdev(nof, "ens1f1np1", dev_port=1)
+    for port in ("1", "2"):
+        rdma_port(nof, port, counters={"port_xmit_data": 1, "port_rcv_data": 1})
+    other = rdma_device(tmp_path, "mlx5_2", pci="0000:af:00.0")
+    netdev(other, "ens2f0np0", dev_port=0)
+    rdma_port(other, counters={"port_xmit_data": 1, "port_rcv_data": 1})
+    gpu = rdma_device(tmp_path, "mlx5_3", pci="0000:d8:00.0")
+    rdma_port(gpu, counters={"port_xmit_data": 1, "port_rcv_data": 1})
+    roles = {"mlx5_0": "nof", "mlx5_0/2": "dram", "ens1f1np1": "gpu", "ens2f0np0": "dram", "mlx5_2": "nof"}
+    raw, normalized = scrape(tmp_path, roles=roles, labels={"role": "unassigned"})
+    by_port = {(s.label_map["device"], s.label_map["port"]): s.label_map["role"] for s in normalized}
+    assert by_port == {
+        ("mlx5_0", "1"): "nof",  # by device
+        ("mlx5_0", "2"): "dram",  # device/port beats its netdev (gpu) and its device (nof)
+        ("mlx5_2", "1"): "dram",  # netdev beats device
+        ("mlx5_3", "1"): "unassigned",  # the target's role label
+    }
+    assert find(raw, "rdma_device_info", device="mlx5_0")[0].label_map["role"] == "nof"
+
+
+def test_host_label_defaults(tmp_path):
+    roce_host(tmp_path)
+    config = parse_config({"targets": [{"name": "r", "source": "rdma", "sysfs": str(tmp_path)}]}).targets[0]
+    raw = asyncio.run(RdmaCollector(config).collect())
+    assert {s.label_map["host"] for s in raw} == {socket.gethostname()}
+    config = parse_config(
+        {"targets": [{"name": "r", "source": "rdma", "sysfs": str(tmp_path), "labels": {"host": "gpu-07"}}]}
+    ).targets[0]
+    raw = asyncio.run(RdmaCollector(config).collect())
+    normalized = mapping_for("rdma").apply(raw, config.labels)
+    assert {s.label_map["host"] for s in raw + normalized} == {"gpu-07"}
+
+
+# --- rdma -j statistic show -----------------------------------------------------------------------------------------
+
+STATISTIC_JSON = """[{"ifname":"mlx5_0","port":1,"out_of_buffer":17,"np_cnp_sent":4242,"rdma_tx_bytes":777000,\
+"rdma_rx_bytes":888000,"cc_rx_ce_pkts":12},{"ifname":"mlx5_7","port":1,"rdma_tx_bytes":1}]
+"""
+
+
+def fake_rdma(tmp_path: Path, body: str, exit_code: int = 0) -> str:
+    script = tmp_path / "bin" / "rdma"
+    script.parent.mkdir()
+    script.write_text(
+        "#!/bin/sh\n"
+        '[ "$*" = "-j statistic show" ] || { echo "unexpected arguments: $*" >&2; exit 2; }\n'
+        f"cat <<'EOF'\n{body}\nEOF\nexit {exit_code}\n"
+    )
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_rdma_tool_adds_the_counters_sysfs_does_not_have(tmp_path):
+    roce_host(tmp_path / "sys")
+    raw, _ = scrape(tmp_path / "sys", rdma_tool=True, rdma_tool_path=fake_rdma(tmp_path, STATISTIC_JSON))
+    stats = {s.label_map["counter"]: s.value for s in find(raw, "rdma_port_stat")}
+    # out_of_buffer and np_cnp_sent are already rdma_port_hw_counter; mlx5_7 is not in the tree.
+    assert stats == {"rdma_tx_bytes": 777000, "rdma_rx_bytes": 888000, "cc_rx_ce_pkts": 12}
+    assert find(raw, "rdma_port_stat")[0].label_map["netdev"] == "ens1f0np0"
+    assert value(raw, "rdma_stat_tool_up") == 1
+
+
+@pytest.mark.parametrize(
+    "tool",
+    [
+        pytest.param(lambda tmp_path: str(tmp_path / "absent" / "rdma"), id="absent"),
+        pytest.param(lambda tmp_path: fake_rdma(tmp_path, "Failed to open NETLINK_RDMA socket", 1), id="fails"),
+        pytest.param(lambda tmp_path: fake_rdma(tmp_path, "link mlx5_0/1 out_of_buffer 17"), id="not-json"),
+    ],
+)
+def test_rdma_tool_unavailable_is_skipped_cleanly(tmp_path, tool):
+    roce_host(tmp_path / "sys")
+    raw, normalized = scrape(tmp_path / "sys", rdma_tool=True, rdma_tool_path=tool(tmp_path))
+    assert value(raw, "rdma_stat_tool_up") == 0 and find(raw, "rdma_port_stat") == []
+    assert len(normalized) == 2
+
+
+def test_rdma_tool_that_hangs_is_killed_and_skipped(tmp_path):
+    roce_host(tmp_path / "sys")
+    script = tmp_path / "rdma"
+    pid_file = tmp_path / "tool.pid"
+    script.write_text(f"#!/bin/sh\necho $$ > {pid_file}\nexec sleep 30\n")
+    script.chmod(0o755)
+    started = time.monotonic()
+    raw, normalized = scrape(tmp_path / "sys", rdma_tool=True, rdma_tool_path=str(script), timeout_s=0.5)
+    assert time.monotonic() - started < 10
+    assert value(raw, "rdma_stat_tool_up") == 0 and len(normalized) == 2
+    pid = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):  # killed and reaped, not left running
+        os.kill(pid, 0)
+
+
+def test_rdma_tool_is_off_by_default(tmp_path):
+    roce_host(tmp_path)
+    raw, _ = scrape(tmp_path)
+    assert find(raw, "rdma_stat_tool_up") == []
+
+
+def test_statistic_json_forms():
+    assert parse_statistic_json("") == []
+    assert parse_statistic_json('{"ifname": "m", "port": 2, "a": 1, "flag": true, "s": "x"}') == [("m", "2", {"a": 1})]
+    lines = '{"ifname": "m", "port": 1, "a": 1}\n{"ifname": "m", "port": 2, "a": 2}'
+    assert parse_statistic_json(lines) == [("m", "1", {"a": 1}), ("m", "2", {"a": 2})]
+    assert parse_statistic_json("garbage") is None
+
+
+# --- pyverbs (optional) ---------------------------------------------------------------------------------------------
+
+
+class FakePortAttr:
+    active_mtu = 5  # IBV_MTU_4096
+    max_mtu = 5
+    gid_tbl_len = 256
+    pkey_tbl_len = 1
+    max_msg_sz = 1073741824
+
+
+def fake_pyverbs(monkeypatch, opened: list) -> None:
+    class Context:
+        def __init__(self, name):
+            if name != "mlx5_0":
+                raise RuntimeError(f"no device {name}")
+            opened.append(name)
+
+        def query_port(self, port):
+            return FakePortAttr()
+
+        def close(self):
+            opened.append("closed")
+
+    package = types.ModuleType("pyverbs")
+    device = types.ModuleType("pyverbs.device")
+    device.Context = Context
+    package.device = device
+    monkeypatch.setitem(sys.modules, "pyverbs", package)
+    monkeypatch.setitem(sys.modules, "pyverbs.device", device)
+
+
+def test_pyverbs_port_attributes_when_present(tmp_path, monkeypatch):
+    roce_host(tmp_path)
+    rdma_port(rdma_device(tmp_path, "mlx5_1", pci="0000:3b:00.1"))
+    opened: list = []
+    fake_pyverbs(monkeypatch, opened)
+    raw, _ = scrape(tmp_path, verbs=True)
+    assert value(raw, "rdma_port_active_mtu_bytes", device="mlx5_0", port="1", netdev="ens1f0np0") == 4096
+    assert value(raw, "rdma_port_max_mtu_bytes", device="mlx5_0") == 4096
+    assert value(raw, "rdma_port_gid_table_size", device="mlx5_0") == 256
+    assert value(raw, "rdma_port_pkey_table_size", device="mlx5_0") == 1
+    assert value(raw, "rdma_port_max_message_bytes", device="mlx5_0") == 1073741824
+    assert find(raw, "rdma_port_active_mtu_bytes", device="mlx5_1") == []  # pyverbs could not open it
+    assert opened == ["mlx5_0", "closed"]
+    # verbs: null (default) keeps pyverbs away from a tree that is not the live /sys.
+    raw, _ = scrape(tmp_path)
+    assert find(raw, "rdma_port_active_mtu_bytes") == []
+
+
+def test_without_pyverbs_nothing_is_added(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pyverbs", None)  # import pyverbs raises ImportError
+    roce_host(tmp_path)
+    raw, normalized = scrape(tmp_path, verbs=True)
+    assert not [s for s in raw if s.name.endswith(("_mtu_bytes", "_table_size", "_message_bytes"))]
+    assert len(normalized) == 2
