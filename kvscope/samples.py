@@ -17,7 +17,7 @@ Labels = tuple[tuple[str, str], ...]
 
 def labels_of(mapping: Mapping[str, str]) -> Labels:
     """Canonical (sorted) label pairs, so equal label sets compare and hash equal."""
-    return tuple(sorted((str(key), str(value)) for key, value in mapping.items()))
+    return tuple(sorted(zip(map(str, mapping), map(str, mapping.values()), strict=True)))
 
 
 @dataclass(frozen=True, slots=True)
