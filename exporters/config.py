@@ -9,10 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvscope.exporters.base import TargetConfig, collectors
+from kvscope.validation import describe, read_yaml
 
 
 class ConfigError(ValueError):
@@ -53,7 +53,7 @@ def parse_config(data: object, origin: str = "config") -> ExporterConfig:
     try:
         raw = _File.model_validate(data)
     except ValidationError as error:
-        raise ConfigError(_describe(origin, error)) from None
+        raise ConfigError("\n".join(describe(error, origin, "configuration"))) from None
     sources = collectors()
     targets: list[TargetConfig] = []
     problems: list[str] = []
@@ -65,7 +65,7 @@ def parse_config(data: object, origin: str = "config") -> ExporterConfig:
         try:
             targets.append(sources[source].Config.model_validate(target))
         except ValidationError as error:
-            problems += _describe(origin, error, prefix=f"targets.{index}.").splitlines()[1:]
+            problems += describe(error, origin, "configuration", prefix=f"targets.{index}.")[1:]
     names = [target.name for target in targets]
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
@@ -77,18 +77,4 @@ def parse_config(data: object, origin: str = "config") -> ExporterConfig:
 
 def load_config(path: str | Path) -> ExporterConfig:
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as error:
-        raise ConfigError(f"{path}: cannot read configuration: {error.strerror}") from None
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: not valid YAML: {error}") from None
-    return parse_config(data, str(path))
-
-
-def _describe(origin: str, error: ValidationError, prefix: str = "") -> str:
-    lines = [f"{origin}: invalid configuration"]
-    for problem in error.errors():
-        where = prefix + ".".join(str(part) for part in problem["loc"])
-        lines.append(f"  {where}: {problem['msg'].removeprefix('Value error, ')}")
-    return "\n".join(lines)
+    return parse_config(read_yaml(path, "configuration", ConfigError), str(path))

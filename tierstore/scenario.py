@@ -9,13 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from kvscope.tierstore.backends import BACKENDS
 from kvscope.tierstore.policies import POLICIES
 from kvscope.tierstore.store import Placement
 from kvscope.units import parse_bandwidth, parse_size
+from kvscope.validation import describe, read_yaml
 
 Bytes = Annotated[int, BeforeValidator(parse_size)]
 BytesPerSecond = Annotated[float, BeforeValidator(parse_bandwidth)]
@@ -203,7 +203,7 @@ def parse_scenario(data: object, source: str = "scenario", base_dir: Path | None
     try:
         scenario = Scenario.model_validate(data)
     except ValidationError as error:
-        raise ScenarioError(_describe(error, source)) from None
+        raise ScenarioError("\n".join(describe(error, source, "scenario"))) from None
     if isinstance(scenario.workload, TraceWorkload) and base_dir and not scenario.workload.path.is_absolute():
         workload = scenario.workload.model_copy(update={"path": base_dir / scenario.workload.path})
         scenario = scenario.model_copy(update={"workload": workload})
@@ -213,19 +213,4 @@ def parse_scenario(data: object, source: str = "scenario", base_dir: Path | None
 def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario YAML file."""
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as error:
-        raise ScenarioError(f"{path}: cannot read scenario: {error.strerror}") from None
-    except yaml.YAMLError as error:
-        raise ScenarioError(f"{path}: not valid YAML: {error}") from None
-    return parse_scenario(data, str(path), path.parent)
-
-
-def _describe(error: ValidationError, source: str) -> str:
-    lines = [f"{source}: invalid scenario"]
-    for problem in error.errors():
-        where = ".".join(str(part) for part in problem["loc"] if not str(part).startswith("function-"))
-        message = problem["msg"].removeprefix("Value error, ")
-        lines.append(f"  {where or '(top level)'}: {message}")
-    return "\n".join(lines)
+    return parse_scenario(read_yaml(path, "scenario", ScenarioError), str(path), path.parent)
