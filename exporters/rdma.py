@@ -159,6 +159,11 @@ class RdmaTargetConfig(TargetConfig):
     devices: list[str] | None = Field(
         None, min_length=1, description="read these RDMA devices only (each must exist); default: every device"
     )
+    hw_counters: bool = Field(
+        True,
+        description="read the drivers' hw_counters/ (congestion, retransmits, ...); false reads what node_exporter's "
+        "infiniband collector reads: counters/, counters_ext/ and the port attributes",
+    )
     rdma_tool: bool = Field(False, description="add `rdma -j statistic show` counters when the tool answers")
     rdma_tool_path: str = Field("rdma", description="the iproute2 rdma binary (a name looked up on PATH, or a path)")
     verbs: bool | None = Field(
@@ -225,7 +230,8 @@ class RdmaCollector(Collector):
         info = {name: text for name in _DEVICE_INFO_FILES if (text := _read(path / name))}
         if info:
             scan.add("rdma_device_info", {**labels, **info}, 1, "info")
-        _add_hw_counters(scan, path / "hw_counters", "rdma_device_hw_counter", labels)
+        if self.config.hw_counters:
+            _add_hw_counters(scan, path / "hw_counters", "rdma_device_hw_counter", labels)
         for port_dir in _subdirs(path / "ports"):
             self._scan_port(scan, device, path, port_dir)
 
@@ -261,7 +267,8 @@ class RdmaCollector(Collector):
                     chosen = {**labels, "direction": direction, "file": f"{group}/{file_name}"}
                     scan.add("rdma_port_data_words", chosen, words, "counter")
                     break
-        record.hw_counters = _add_hw_counters(scan, path / "hw_counters", "rdma_port_hw_counter", labels)
+        if self.config.hw_counters:
+            record.hw_counters = _add_hw_counters(scan, path / "hw_counters", "rdma_port_hw_counter", labels)
 
         state, state_name = _state(_read(path / "state"))
         phys, phys_name = _state(_read(path / "phys_state"))

@@ -211,6 +211,20 @@ def test_fixture_bytes_are_words_times_four():
     assert bytes_by_port(normalized)[("rdma.port.tx.bytes", nic("mlx5_0", "1"))] == 11523046035392
 
 
+def test_hw_counters_off_reads_only_the_port_counters_and_keeps_the_bytes():
+    everything, normalized = scrape(FIXTURE)
+    lean, lean_normalized = scrape(FIXTURE, hw_counters=False)
+    assert find(everything, "rdma_port_hw_counter") and not find(lean, "rdma_port_hw_counter")
+    assert not find(lean, "rdma_device_hw_counter")
+    assert {s.name for s in lean} == {s.name for s in everything} - {
+        "rdma_port_hw_counter",
+        "rdma_device_hw_counter",
+        "rdma_port_hw_counters_lifespan_ms",
+        "rdma_device_hw_counters_lifespan_ms",
+    }
+    assert lean_normalized == normalized
+
+
 def test_devices_filter_reads_only_those():
     raw, normalized = scrape(FIXTURE, devices=["mlx5_0"])
     assert {s.label_map["device"] for s in raw} == {"mlx5_0"}
