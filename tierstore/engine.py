@@ -74,9 +74,7 @@ class EngineEmulator:
         if request.output_keys:
             put_bytes += self.store.put(request.output_keys, self.block_bytes)
         if gpu:
-            held = gpu.policy.index  # membership without a Tier.__contains__ call per block
-            computed = [key for key in keys[gpu_blocks:] if key not in held]
-            gpu.write(computed, self.block_bytes, is_put=False)
+            gpu.write(list(gpu.missing(keys[gpu_blocks:])), self.block_bytes, is_put=False)
             gpu.release(keys)
         self.store.release(keys)
         recompute = request.prompt_tokens - hit_blocks * self.block_tokens

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import filterfalse
 from typing import Literal
 
 from kvscope.tierstore.tier import Evicted, Payload, Tier
@@ -74,7 +73,7 @@ class TieredStore:
         """
         end = len(keys) if stop is None else min(stop, len(keys))
         top = self.tiers[0]
-        if len(self.tiers) == 1 and start >= 0:  # one tier: the hit is one segment, found by one scan
+        if len(self.tiers) == 1:  # one tier: the hit is one segment, found by one scan
             run = top.run_length(keys, start, end)
             return PrefixHit(start, run, [(0, start, start + run)] if run else [])
         segments: list[tuple[int, int, int]] = []
@@ -94,10 +93,7 @@ class TieredStore:
         """Read the blocks of `hit` from their tiers; returns bytes read per tier (in tier order)."""
         read = [0] * len(self.tiers)
         for tier_index, begin, end in hit.segments:
-            tier = self.tiers[tier_index]
-            before = tier.counters.read_bytes
-            tier.read(keys[begin:end])
-            read[tier_index] += tier.counters.read_bytes - before
+            read[tier_index] += self.tiers[tier_index].read(keys[begin:end])
         if self.promote_on_hit:  # only once every segment is read: a promotion may evict a block still to read
             for tier_index, begin, end in hit.segments:
                 if tier_index > 0:
@@ -138,18 +134,14 @@ class TieredStore:
     def _lower_run(self, keys: Sequence[Key], serving: int, position: int, end: int) -> int:
         """Length of the segment tier `serving` serves from `position`: blocks it holds and no tier above it does."""
         for tier in self.tiers[:serving]:  # the segment ends where a tier above holds a block again
-            index = tier.policy.index
-            for stop in range(position, end):
-                if keys[stop] in index:
-                    end = stop
-                    break
+            end = tier.first_held(keys, position, end)
         return self.tiers[serving].run_length(keys, position, end)
 
     def _missing(self, keys: Sequence[Key]) -> list[Key]:
-        """The keys no tier holds, in order (filterfalse() tests each tier's index without a Python call per key)."""
+        """The keys no tier holds, in order."""
         missing: Iterable[Key] = keys
         for tier in self.tiers:
-            missing = filterfalse(tier.policy.index.__contains__, missing)
+            missing = tier.missing(missing)
         return list(missing)
 
     def _demotes(self, tier_index: int) -> bool:
@@ -178,9 +170,8 @@ class TieredStore:
     def _promote(self, keys: Sequence[Key], source_index: int) -> None:
         """Copy (replicate) or move (demote) blocks served by a lower tier into the tiers above it."""
         source = self.tiers[source_index]
-        nbytes_of = source.policy.index
         for key in keys:
-            nbytes = nbytes_of[key]
+            nbytes = source.size_of(key)
             data: Payload | None = None
             if self.placement == "demote":
                 data = source.remove(key)

@@ -7,8 +7,9 @@ are blocks this tier served. A tier that never evicts shows `evictions == 0`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
+from itertools import filterfalse
 
 from kvscope.tierstore.backends import Backend
 from kvscope.tierstore.policies import EvictionPolicy
@@ -83,8 +84,24 @@ class Tier:
                 return position - start
         return end - start
 
-    def read(self, keys: Sequence[Key]) -> None:
-        """Serve a run of resident blocks: count hits and bytes, refresh recency, verify real bytes."""
+    def missing(self, keys: Iterable[Key]) -> Iterator[Key]:
+        """The keys this tier does not hold, in order (filterfalse tests the index without a call per key)."""
+        return filterfalse(self._index.__contains__, keys)
+
+    def first_held(self, keys: Sequence[Key], start: int, end: int) -> int:
+        """The position of the first block in `keys[start:end]` this tier holds, `end` when none."""
+        index = self._index
+        for position in range(start, end):
+            if keys[position] in index:
+                return position
+        return end
+
+    def size_of(self, key: Key) -> int:
+        return self._index[key]
+
+    def read(self, keys: Sequence[Key]) -> int:
+        """Serve a run of resident blocks: count hits and bytes, refresh recency, verify real bytes; returns the
+        bytes read."""
         index = self._index
         nbytes = sum(map(index.__getitem__, keys))
         counters = self.counters
@@ -94,6 +111,7 @@ class Tier:
         if self.backend.holds_bytes:
             for key in keys:
                 self.backend.verify(key)
+        return nbytes
 
     def write(
         self,
