@@ -8,7 +8,7 @@ from, so two servers that both call their engine "0" stay apart.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import partial
 
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
@@ -20,7 +20,7 @@ from prometheus_client import REGISTRY, start_http_server
 
 from kvscope import __version__
 from kvscope.exporters.config import ExporterSettings, OtlpConfig
-from kvscope.exporters.scrape import Scraper
+from kvscope.exporters.scrape import Scraper, TargetState
 from kvscope.model import INSTRUMENTS
 
 
@@ -44,17 +44,26 @@ class TelemetryBridge:
                 description=instrument.description,
             )
         meter.create_observable_gauge(
-            "kvscope.target.up", [self._observe_up], unit="1", description="1 if the target's last scrape worked"
+            "kvscope.target.up",
+            [partial(self._observe_targets, lambda state: int(state.up))],
+            unit="1",
+            description="1 if the target's last scrape worked",
         )
         meter.create_observable_gauge(
-            "kvscope.scrape.duration", [self._observe_duration], unit="s", description="duration of the last scrape"
+            "kvscope.scrape.duration",
+            [partial(self._observe_targets, lambda state: state.duration_s)],
+            unit="s",
+            description="duration of the last scrape",
         )
         meter.create_observable_counter(
-            "kvscope.scrape.errors", [self._observe_errors], unit="{scrape}", description="scrapes that failed"
+            "kvscope.scrape.errors",
+            [partial(self._observe_targets, lambda state: state.errors)],
+            unit="{scrape}",
+            description="scrapes that failed",
         )
         meter.create_observable_counter(
             "kvscope.source.resets",
-            [self._observe_resets],
+            [partial(self._observe_targets, lambda state: state.reset_count)],
             unit="{reset}",
             description="source counters seen going backwards (a restarted source)",
         )
@@ -81,21 +90,12 @@ class TelemetryBridge:
                     if sample.name == name:
                         yield Observation(sample.value, {**sample.label_map, "target": target})
 
-    def _observe_up(self, _options: CallbackOptions) -> Iterable[Observation]:
+    def _observe_targets(
+        self, read: Callable[[TargetState], float], _options: CallbackOptions
+    ) -> Iterable[Observation]:
+        """One observation per target of `read(state)`: up, last duration, errors, resets."""
         for name, state in self.scraper.states.items():
-            yield Observation(1 if state.up else 0, {"target": name, "source": state.config.source})
-
-    def _observe_duration(self, _options: CallbackOptions) -> Iterable[Observation]:
-        for name, state in self.scraper.states.items():
-            yield Observation(state.duration_s, {"target": name, "source": state.config.source})
-
-    def _observe_errors(self, _options: CallbackOptions) -> Iterable[Observation]:
-        for name, state in self.scraper.states.items():
-            yield Observation(state.errors, {"target": name, "source": state.config.source})
-
-    def _observe_resets(self, _options: CallbackOptions) -> Iterable[Observation]:
-        for name, state in self.scraper.states.items():
-            yield Observation(state.reset_count, {"target": name, "source": state.config.source})
+            yield Observation(read(state), {"target": name, "source": state.config.source})
 
 
 def _otlp_reader(config: OtlpConfig) -> PeriodicExportingMetricReader:

@@ -25,6 +25,12 @@ ScenarioPath = Annotated[Path, typer.Argument(help="scenario YAML (see examples/
 JsonOut = Annotated[Path | None, typer.Option("--json", help="write the result as JSON to this file")]
 
 
+def _fail(message: object) -> typer.Exit:
+    """Print an input error (it names the file, field and reason) and return the exit to raise: code 2."""
+    errors.print(f"[red]error:[/red] {message}", highlight=False)
+    return typer.Exit(2)
+
+
 def _load(path: Path):
     """The validated scenario, or exit 2 with the error that names the field."""
     from kvscope.tierstore.scenario import ScenarioError, load_scenario
@@ -32,8 +38,7 @@ def _load(path: Path):
     try:
         return load_scenario(path)
     except ScenarioError as error:
-        errors.print(f"[red]error:[/red] {error}", markup=True, highlight=False)
-        raise typer.Exit(2) from None
+        raise _fail(error) from None
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -59,8 +64,7 @@ def predict(scenario: ScenarioPath, json_out: JsonOut = None) -> None:
     try:
         the_plan = plan(spec)
     except TraceError as error:
-        errors.print(f"[red]error:[/red] {error}", highlight=False)
-        raise typer.Exit(2) from None
+        raise _fail(error) from None
     console.print(plan_table(the_plan))
     for line in plan_lines(the_plan):
         console.print(line, highlight=False)
@@ -84,11 +88,9 @@ def scrape(
     try:
         settings = load_config(config)
     except ConfigError as error:
-        errors.print(f"[red]error:[/red] {error}", highlight=False)
-        raise typer.Exit(2) from None
+        raise _fail(error) from None
     if output not in ("json", "table"):
-        errors.print(f"[red]error:[/red] --format must be json or table, not {output!r}", highlight=False)
-        raise typer.Exit(2)
+        raise _fail(f"--format must be json or table, not {output!r}")
     scraper = Scraper(settings.targets)
     if once:
         states = asyncio.run(_scrape_once(scraper))
@@ -165,8 +167,7 @@ def ab_run(
     try:
         rounds = make_workload(spec).round_count
     except TraceError as error:
-        errors.print(f"[red]error:[/red] {error}", highlight=False)
-        raise typer.Exit(2) from None
+        raise _fail(error) from None
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
         tasks = {name: progress.add_task(f"arm {name}", total=rounds) for name in spec.arms}
