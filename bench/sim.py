@@ -33,7 +33,6 @@ import os
 import re
 import shlex
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -42,6 +41,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import median
 
 from kvscope.tierstore.ab import build_engine, build_store
 from kvscope.tierstore.backends import FileBackend
@@ -474,10 +474,6 @@ def format_size(size: int) -> str:
         if size >= scale and size % scale == 0:
             return f"{size // scale} {unit}"
     return f"{size} B"
-
-
-def median(values: Sequence[float]) -> float:
-    return statistics.median(values)
 
 
 # --------------------------------------------------------------------------------------------- main
