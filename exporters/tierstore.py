@@ -36,7 +36,7 @@ class TierstoreCollector(Collector):
             for counter, value in asdict(engine.counters).items():
                 name = f"tierstore_engine_{counter}_total"
                 samples.append(Sample(self.source, name, engine_labels, value, "counter"))
-            tiers = ([engine.gpu_cache] if engine.gpu_cache else []) + engine.store.tiers
+            tiers = ([engine.gpu_cache] if engine.gpu_cache else []) + engine.store.tiers + engine.store.attached
             for tier in tiers:
                 labels = labels_of({"store": store, "tier": tier.name})
                 for counter, value in tier.counters.as_dict().items():

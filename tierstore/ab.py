@@ -24,20 +24,24 @@ from kvscope.tierstore.tier import Tier
 from kvscope.tierstore.workloads import make_workload
 
 RoundCallback = Callable[[str, dict], None]
+ArmCallback = Callable[[str], None]
 
 
 def build_store(arm: spec.ArmSpec, block_bytes: int, arm_name: str, workdir: Path | None) -> TieredStore:
     """An arm's store; file backends without a path get `<workdir>/<arm>-<tier>.blocks`."""
-    tiers = []
-    for tier in arm.tiers:
+
+    def build_tier(tier: spec.TierSpec) -> Tier:
         path = tier.path
         if tier.backend == "file" and path is None:
             if workdir is None:
                 raise ValueError(f"arm {arm_name!r}, tier {tier.name!r}: the file backend needs a path or a workdir")
             path = workdir / f"{arm_name}-{tier.name}.blocks"
         backend = make_backend(tier.backend, tier.capacity, block_bytes, path, tier.o_direct)
-        tiers.append(Tier(tier.name, tier.capacity, make_policy(tier.policy), backend, tier.read_bandwidth))
-    return TieredStore(tiers, arm.placement, arm.promote_on_hit)
+        return Tier(tier.name, tier.capacity, make_policy(tier.policy), backend, tier.read_bandwidth)
+
+    tiers = [build_tier(tier) for tier in arm.tiers]
+    attached = [build_tier(tier) for tier in arm.attached]
+    return TieredStore(tiers, arm.placement, arm.promote_on_hit, attached)
 
 
 def build_engine(scenario: spec.Scenario, store: TieredStore) -> EngineEmulator:
@@ -73,16 +77,20 @@ def run_arm(
     on_round: RoundCallback | None = None,
     workdir: Path | None = None,
     publish: bool = False,
+    on_start: ArmCallback | None = None,
 ) -> dict:
     """Serve the scenario's requests on arm `name`; returns the arm's object of the contract.
 
-    With `publish`, the arm's engine is published as "<scenario>/<arm>" for the `tierstore` exporter source.
+    With `publish`, the arm's engine is published as "<scenario>/<arm>" for the `tierstore` exporter source;
+    `on_start(arm)` runs once it is published, before the first request (a recorder's round-0 scrape).
     """
     store = build_store(scenario.arms[name], scenario.block_bytes, name, workdir)
     engine = build_engine(scenario, store)
     if publish:
         ENGINES.publish(f"{scenario.name}/{name}", engine)
-    engine_tiers = ([engine.gpu_cache] if engine.gpu_cache else []) + store.tiers
+    if on_start:
+        on_start(name)
+    engine_tiers = ([engine.gpu_cache] if engine.gpu_cache else []) + store.tiers + store.attached
     rows = []
     try:
         before = _snapshot(engine_tiers)
@@ -90,6 +98,8 @@ def run_arm(
             tally = _RoundTally()
             for request in requests:
                 tally.add(engine.serve(request))
+            engine.counters.rounds += 1
+            engine.counters.bound_hit_tokens += the_plan.rounds[index].ideal_hit_tokens
             after = _snapshot(engine_tiers)
             row = _round_row(index + 1, tally, the_plan.rounds[index].ideal_hit_ratio, before, after)
             rows.append(row)
@@ -112,13 +122,16 @@ def run_ab(
     on_round: RoundCallback | None = None,
     workdir: Path | None = None,
     publish: bool = False,
+    on_start: ArmCallback | None = None,
 ) -> dict:
     """Every arm of the scenario, in the contract's shape."""
     the_plan = plan(scenario)
     return {
         "kvscope_version": __version__,
         "scenario": scenario.model_dump(mode="json"),
-        "arms": {name: run_arm(scenario, name, the_plan, on_round, workdir, publish) for name in scenario.arms},
+        "arms": {
+            name: run_arm(scenario, name, the_plan, on_round, workdir, publish, on_start) for name in scenario.arms
+        },
     }
 
 

@@ -42,6 +42,10 @@ class EngineCounters:
     gpu_hit_tokens: int = 0
     external_hit_tokens: int = 0
     recompute_tokens: int = 0
+    # Set by the A/B runner at the end of each round, so a recording can be cut into rounds and held against the
+    # analytic bound (the verifier's ratio_to_bound and no_collapse criteria).
+    rounds: int = 0
+    bound_hit_tokens: int = 0  # prompt tokens an infinite cache would have hit (planner's ideal)
 
 
 class EngineEmulator:

@@ -138,10 +138,15 @@ class ArmSpec(_Strict):
     placement: Placement = "replicate"
     promote_on_hit: bool = False
     tiers: list[TierSpec] = Field(min_length=1)
+    attached: list[TierSpec] = Field(
+        default_factory=list,
+        description="tiers present in the arm's cluster that its store does not use (e.g. an idle NVMe-oF pool): "
+        "exported with their counters so a verifier can prove nothing landed there",
+    )
 
     @model_validator(mode="after")
     def _unique_tiers(self) -> ArmSpec:
-        names = [tier.name for tier in self.tiers]
+        names = [tier.name for tier in self.tiers + self.attached]
         if len(set(names)) != len(names):
             raise ValueError(f"tier names must be unique within an arm, got {names}")
         return self

@@ -1,7 +1,8 @@
 """TieredStore: ordered tiers behind one put/get interface, with `replicate` or `demote` placement.
 
 - replicate: a put lands in every tier; an upper tier's eviction just drops its copy, a lower tier may still
-  hold the block (Mooncake with an SSD/NoF offload behaves so).
+  hold the block (Mooncake with an SSD/NoF offload behaves so). The put is one logical save, counted by the top
+  tier (where a client addresses it, as Mooncake's memory pool); the copies below are written bytes.
 - demote: tiers are exclusive; a block evicted from tier i moves to tier i+1, the last tier's evictions are gone.
 - promote_on_hit: a block served by a lower tier is copied (replicate) or moved (demote) into the tiers above.
 
@@ -48,15 +49,17 @@ class TieredStore:
         tiers: Sequence[Tier],
         placement: Placement = "replicate",
         promote_on_hit: bool = False,
+        attached: Sequence[Tier] = (),
     ) -> None:
         if not tiers:
             raise ValueError("a tiered store needs at least one tier")
-        names = [tier.name for tier in tiers]
+        names = [tier.name for tier in [*tiers, *attached]]
         if len(set(names)) != len(names):
             raise ValueError(f"tier names must be unique, got {names}")
         if placement not in PLACEMENTS:
             raise ValueError(f"unknown placement {placement!r}: expected one of {', '.join(PLACEMENTS)}")
         self.tiers = list(tiers)
+        self.attached = list(attached)  # present but unused: counted and exported, never read or written
         self.placement = placement
         self.promote_on_hit = promote_on_hit
         self._keeps_bytes = any(tier.backend.holds_bytes for tier in self.tiers)
@@ -107,8 +110,8 @@ class TieredStore:
             return 0
         payload = synthetic_payload if self._keeps_bytes else None
         if self.placement == "replicate":
-            for tier in self.tiers:
-                tier.write(missing, nbytes, payload, is_put=True)
+            for position, tier in enumerate(self.tiers):
+                tier.write(missing, nbytes, payload, is_put=position == 0)
         else:
             evicted = self.tiers[0].write(missing, nbytes, payload, is_put=True, keep_evicted=self._demotes(0))
             self._demote(evicted, 1)
@@ -121,10 +124,10 @@ class TieredStore:
 
     def counters(self) -> dict[str, dict[str, int]]:
         """A snapshot of every tier's counters, by tier name."""
-        return {tier.name: tier.counters.as_dict() for tier in self.tiers}
+        return {tier.name: tier.counters.as_dict() for tier in self.tiers + self.attached}
 
     def close(self) -> None:
-        for tier in self.tiers:
+        for tier in self.tiers + self.attached:
             tier.backend.close()
 
     def _lower_tier_holding(self, key: Key) -> int | None:

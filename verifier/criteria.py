@@ -1,0 +1,547 @@
+"""Machine criteria as data: YAML in, one SQL query per criterion out, rows back.
+
+A criteria file names the runs it compares by role (`runs: [dram_only, tiered]`); `kvscope verify --run A --run B`
+binds them in order. Each criterion compiles to one self-contained SELECT over the verifier's tables, with every
+parameter (run ids, names, tolerances) written into it as a literal, so the evidence carries the exact SQL and an
+auditor re-runs it as is. The query returns one row per thing checked (a run pair, a series, a tier, a round) with
+a `passed` column; a criterion passes when it returned rows and every row passed.
+
+Counter increases follow Prometheus' increase() across resets: a sample lower than the one before it starts a new
+counter, whose value counts from zero. Unlike increase(), nothing is extrapolated past the first and last sample:
+the increase is what the run's samples show. Gauges are measured as the criterion says (last - first, max - min...).
+Before a query runs, every metric it reads must have samples in its run (at least two per series for a delta):
+an empty or missing series is an error that names it, never a pass.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from kvscope.validation import describe, read_yaml
+from kvscope.verifier.db import Database, Run, VerifierError, run_sql
+
+
+class CriteriaError(VerifierError):
+    """A criteria file that does not validate, or a criterion whose inputs are missing."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Metric(_Strict):
+    """Which series a criterion reads: a KV-tier model instrument (normalized) or a source's own name (raw)."""
+
+    name: str
+    raw: bool = False
+    where: dict[str, str] = Field(default_factory=dict, description="label equalities, e.g. {tier: nof}")
+
+    def describe(self) -> str:
+        labels = ",".join(f"{k}={v}" for k, v in sorted(self.where.items()))
+        return f"{self.name}{{{labels}}}" + (" (raw)" if self.raw else "")
+
+
+def _metric(value: object) -> object:
+    """`metric: kv.store.put.bytes` is short for `metric: {name: kv.store.put.bytes}`."""
+    return {"name": value} if isinstance(value, str) else value
+
+
+MetricField = Annotated[Metric, Field(json_schema_extra={"description": "instrument name, or {name, raw, where}"})]
+Measure = Literal["increase", "last_minus_first", "max_minus_min"]
+
+
+class _Criterion(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    description: str = ""
+    summary_columns: ClassVar[tuple[str, ...]] = ()  # what a failure message shows of each failed row
+
+    @model_validator(mode="before")
+    @classmethod
+    def _short_metrics(cls, data: object) -> object:
+        if isinstance(data, dict):
+            return {k: _metric(v) if k in _METRIC_FIELDS else v for k, v in data.items()}
+        return data
+
+    def roles(self) -> list[str]:
+        raise NotImplementedError
+
+    def reads(self) -> list[tuple[str, Metric, bool]]:
+        """(run role, metric, needs a delta) for every series set the query reads."""
+        raise NotImplementedError
+
+    def sql(self, runs: Mapping[str, Run]) -> str:
+        raise NotImplementedError
+
+    def threshold(self) -> dict:
+        raise NotImplementedError
+
+
+_METRIC_FIELDS = {"metric", "hits", "queries", "bound", "rounds", "consistent_with"}
+
+
+class Parity(_Criterion):
+    """Two runs did the same work: |increase_B - increase_A| / increase_A <= tolerance (summed over series)."""
+
+    kind: Literal["parity"]
+    summary_columns = ("run_a", "a_value", "run_b", "b_value", "relative_difference")
+    metric: MetricField
+    runs: tuple[str, str] = Field(description="the two run roles, A (the reference) then B")
+    tolerance: float = Field(ge=0)
+    measure: Measure = "increase"
+
+    def roles(self) -> list[str]:
+        return list(self.runs)
+
+    def reads(self) -> list[tuple[str, Metric, bool]]:
+        return [(role, self.metric, True) for role in self.runs]
+
+    def sql(self, runs: Mapping[str, Run]) -> str:
+        a, b = self.runs
+        tol = _number(self.tolerance)
+        return f"""WITH
+a AS ({_per_series(runs[a], self.metric)}),
+b AS ({_per_series(runs[b], self.metric)}),
+totals AS (
+    SELECT (SELECT sum({_MEASURES[self.measure]}) FROM a) AS a_value,
+           (SELECT sum({_MEASURES[self.measure]}) FROM b) AS b_value,
+           (SELECT sum(samples) FROM a) + (SELECT sum(samples) FROM b) AS samples
+)
+SELECT {_text(runs[a].name)} AS run_a, a_value, {_text(runs[b].name)} AS run_b, b_value,
+       (b_value - a_value) / nullif(a_value, 0) AS relative_difference, {tol} AS tolerance, samples,
+       coalesce(a_value > 0 AND abs(b_value - a_value) / a_value <= {tol}, false) AS passed
+FROM totals"""
+
+    def threshold(self) -> dict:
+        return {"relative_tolerance": self.tolerance}
+
+
+class ZeroDelta(_Criterion):
+    """A metric did not move in one run: every series' delta is exactly zero (per series, so the evidence names
+    which one moved and by how much). Counters default to their increase, gauges to max - min ("never changed")."""
+
+    kind: Literal["zero_delta"]
+    summary_columns = ("target", "labels", "delta", "first_ts", "last_ts")
+    metric: MetricField
+    run: str
+    measure: Measure | None = None
+
+    def roles(self) -> list[str]:
+        return [self.run]
+
+    def reads(self) -> list[tuple[str, Metric, bool]]:
+        return [(self.run, self.metric, True)]
+
+    def sql(self, runs: Mapping[str, Run]) -> str:
+        measure = self.measure
+        delta = (
+            _MEASURES[measure] if measure else "CASE WHEN kind = 'counter' THEN increase ELSE max_value - min_value END"
+        )
+        return f"""WITH x AS ({_per_series(runs[self.run], self.metric)})
+SELECT target, labels, kind, samples, first_ts, last_ts, first_value, last_value, min_value, max_value, resets,
+       {delta} AS delta, {delta} = 0 AS passed
+FROM x ORDER BY target, labels"""
+
+    def threshold(self) -> dict:
+        return {"delta": 0, "measure": self.measure or "increase for counters, max - min for gauges"}
+
+
+class PositiveDelta(_Criterion):
+    """Every tier (or other `group_by` label) of a run shows bytes written: increase > 0, and with
+    `consistent_with` at least that metric's increase (physical writes cover the logical puts)."""
+
+    kind: Literal["positive_delta"]
+    summary_columns = ("written", "logical")
+    metric: MetricField = Metric(name="kv.tier.written.bytes")
+    run: str
+    group_by: str = "tier"
+    expect: list[str] | None = Field(None, description="values of group_by that must all be present and positive")
+    consistent_with: MetricField | None = None
+
+    def roles(self) -> list[str]:
+        return [self.run]
+
+    def reads(self) -> list[tuple[str, Metric, bool]]:
+        found = [(self.run, self.metric, True)]
+        return found + ([(self.run, self.consistent_with, True)] if self.consistent_with else [])
+
+    def sql(self, runs: Mapping[str, Run]) -> str:
+        run, group = runs[self.run], _label(self.group_by)
+        groups = (
+            f"SELECT unnest([{', '.join(map(_text, self.expect))}]) AS grp"
+            if self.expect
+            else "SELECT DISTINCT grp FROM written"
+        )
+        consistent, check, logical, join = "", "w.increase > 0", "NULL", ""
+        if self.consistent_with:
+            consistent = f""",
+logical AS (
+    SELECT {group} AS grp, sum(increase) AS increase FROM ({_per_series(run, self.consistent_with)}) GROUP BY grp
+)"""
+            check += " AND w.increase >= coalesce(l.increase, 0)"
+            logical, join = "l.increase", " LEFT JOIN logical l USING (grp)"
+        return f"""WITH
+written AS (
+    SELECT {group} AS grp, sum(increase) AS increase, sum(samples) AS samples, sum(resets) AS resets
+    FROM ({_per_series(run, self.metric)}) GROUP BY grp
+){consistent},
+expected AS ({groups})
+SELECT e.grp AS {_ident(self.group_by)}, w.increase AS written, {logical} AS logical,
+       w.samples, w.resets, coalesce({check}, false) AS passed
+FROM expected e LEFT JOIN written w USING (grp){join}
+ORDER BY 1"""
+
+    def threshold(self) -> dict:
+        return {"increase": "> 0", "at_least": self.consistent_with.describe() if self.consistent_with else None}
+
+
+class _Rounds(_Criterion):
+    """Per-round hits against the analytic bound, cut at the samples where the round counter advanced.
+
+    Round r spans from the first sample with rounds >= r-1 to the first with rounds >= r (a recording needs a
+    sample before round 1). Counters are summed over their series (engines, layers) at each cut.
+    """
+
+    run: str
+    hits: MetricField = Metric(name="kv.prefix.hit.tokens")
+    queries: MetricField = Metric(name="kv.prefix.query.tokens", where={"layer": "gpu"})
+    bound: MetricField = Metric(name="tierstore_engine_bound_hit_tokens_total", raw=True)
+    rounds: MetricField = Metric(name="tierstore_engine_rounds_total", raw=True)
+
+    def roles(self) -> list[str]:
+        return [self.run]
+
+    def reads(self) -> list[tuple[str, Metric, bool]]:
+        return [(self.run, metric, True) for metric in (self.hits, self.queries, self.bound, self.rounds)]
+
+    def _per_round(self, run: Run) -> str:
+        counters = " UNION ALL ".join(
+            f"SELECT {_text(role)} AS metric, series_id FROM series WHERE {_series_filter(run, metric)}"
+            for role, metric in (("hits", self.hits), ("queries", self.queries), ("bound", self.bound))
+        )
+        return f"""inputs AS ({counters}),
+running AS (  -- each series' reset-adjusted running total
+    SELECT metric, series_id, ts,
+           sum(CASE WHEN prev IS NULL THEN 0 WHEN value < prev THEN value ELSE value - prev END)
+               OVER (PARTITION BY series_id ORDER BY ts) AS total
+    FROM (SELECT i.metric, p.series_id, p.ts, p.value,
+                 lag(p.value) OVER (PARTITION BY p.series_id ORDER BY p.ts) AS prev
+          FROM samples p JOIN inputs i USING (series_id))
+),
+cuts AS (  -- the first sample at which the round counter reached each value
+    SELECT CAST(value AS BIGINT) AS round, min(ts) AS ts
+    FROM samples WHERE series_id IN (SELECT series_id FROM series WHERE {_series_filter(run, self.rounds)})
+    GROUP BY 1
+),
+at_cut AS (
+    SELECT c.round, r.metric, sum(r.total) AS total
+    FROM (SELECT c.round, c.ts, i.metric, i.series_id FROM cuts c CROSS JOIN inputs i) c
+    ASOF JOIN running r ON c.series_id = r.series_id AND c.ts >= r.ts
+    GROUP BY c.round, r.metric
+),
+pivoted AS (
+    SELECT round, sum(total) FILTER (WHERE metric = 'hits') AS hits,
+           sum(total) FILTER (WHERE metric = 'queries') AS queries, sum(total) FILTER (WHERE metric = 'bound') AS bound
+    FROM at_cut GROUP BY round
+),
+per_round AS (  -- a round's increase, from the cut before it to its own
+    SELECT round, hits - lag(hits) OVER w AS hit_tokens, queries - lag(queries) OVER w AS query_tokens,
+           bound - lag(bound) OVER w AS bound_tokens
+    FROM pivoted WINDOW w AS (ORDER BY round)
+    QUALIFY lag(round) OVER w IS NOT NULL
+)"""
+
+
+class RatioToBound(_Rounds):
+    """Measured hits over the analytic bound, per round, at least `threshold` (hits >= threshold x bound)."""
+
+    kind: Literal["ratio_to_bound"]
+    summary_columns = ("round", "hit_tokens", "bound_tokens", "ratio_to_bound")
+    threshold_ratio: float = Field(alias="threshold", gt=0, le=1)
+
+    def sql(self, runs: Mapping[str, Run]) -> str:
+        t = _number(self.threshold_ratio)
+        return f"""WITH
+{self._per_round(runs[self.run])}
+SELECT round, hit_tokens, query_tokens, bound_tokens,
+       hit_tokens / nullif(query_tokens, 0) AS hit_ratio, bound_tokens / nullif(query_tokens, 0) AS ideal_hit_ratio,
+       hit_tokens / nullif(bound_tokens, 0) AS ratio_to_bound, {t} AS threshold,
+       hit_tokens >= {t} * bound_tokens AS passed
+FROM per_round ORDER BY round"""
+
+    def threshold(self) -> dict:
+        return {"ratio_to_bound": f">= {self.threshold_ratio}"}
+
+
+class NoCollapse(_Rounds):
+    """The hit ratio never stays below `fraction` of its ideal for `consecutive` rounds in a row. With the
+    defaults (0.99, 1) a round fails exactly when kvscope's planner and A/B runner call it collapsed."""
+
+    kind: Literal["no_collapse"]
+    fraction: float = Field(0.99, gt=0, le=1)
+    consecutive: int = Field(1, ge=1)
+
+    def sql(self, runs: Mapping[str, Run]) -> str:
+        f = _number(self.fraction)
+        return f"""WITH
+{self._per_round(runs[self.run])},
+flagged AS (SELECT *, coalesce(hit_tokens < {f} * bound_tokens, false) AS below FROM per_round),
+islands AS (
+    SELECT *, row_number() OVER (ORDER BY round) - row_number() OVER (PARTITION BY below ORDER BY round) AS island
+    FROM flagged
+)
+SELECT round, hit_tokens, query_tokens, bound_tokens,
+       hit_tokens / nullif(query_tokens, 0) AS hit_ratio, bound_tokens / nullif(query_tokens, 0) AS ideal_hit_ratio,
+       below,
+       CASE WHEN below THEN row_number() OVER (PARTITION BY below, island ORDER BY round) ELSE 0 END AS streak,
+       CASE WHEN below THEN min(round) OVER (PARTITION BY below, island) END AS streak_start,
+       NOT below OR row_number() OVER (PARTITION BY below, island ORDER BY round) < {self.consecutive} AS passed
+FROM islands ORDER BY round"""
+
+    def threshold(self) -> dict:
+        return {"fraction_of_ideal": self.fraction, "consecutive_rounds": self.consecutive}
+
+
+class CrossSource(_Criterion):
+    """Two sources that must agree: the increases of `metric` and `other` in one run (summed over their series)
+    differ by at most `tolerance` of `metric`'s, e.g. NoF tier bytes written against bytes sent on the NoF NICs."""
+
+    kind: Literal["cross_source"]
+    summary_columns = ("value", "other_value", "relative_difference")
+    run: str
+    metric: MetricField
+    other: MetricField
+    tolerance: float = Field(ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _short_other(cls, data: object) -> object:
+        if isinstance(data, dict) and "other" in data:
+            return {**data, "other": _metric(data["other"])}
+        return data
+
+    def roles(self) -> list[str]:
+        return [self.run]
+
+    def reads(self) -> list[tuple[str, Metric, bool]]:
+        return [(self.run, self.metric, True), (self.run, self.other, True)]
+
+    def sql(self, runs: Mapping[str, Run]) -> str:
+        run, tol = runs[self.run], _number(self.tolerance)
+        return f"""WITH
+m AS ({_per_series(run, self.metric)}),
+o AS ({_per_series(run, self.other)}),
+totals AS (SELECT (SELECT sum(increase) FROM m) AS value, (SELECT sum(increase) FROM o) AS other_value)
+SELECT {_text(self.metric.describe())} AS metric, value, {_text(self.other.describe())} AS other, other_value,
+       (other_value - value) / nullif(value, 0) AS relative_difference, {tol} AS tolerance,
+       coalesce(abs(other_value - value) <= {tol} * abs(value), false) AS passed
+FROM totals"""
+
+    def threshold(self) -> dict:
+        return {"relative_tolerance": self.tolerance}
+
+
+class CounterResets(_Criterion):
+    """Counter resets (a restarted engine or store) in a run's counters: each listed with its time and target.
+    `allow: true` reports them without failing; by default any reset fails the criterion."""
+
+    kind: Literal["counter_resets"]
+    summary_columns = ("target", "name", "labels", "ts", "before", "after")
+    run: str
+    metric: MetricField | None = Field(None, description="one metric; all counters of the run when omitted")
+    allow: bool = False
+
+    def roles(self) -> list[str]:
+        return [self.run]
+
+    def reads(self) -> list[tuple[str, Metric, bool]]:
+        return [(self.run, self.metric, False)] if self.metric else []
+
+    def sql(self, runs: Mapping[str, Run]) -> str:
+        run = runs[self.run]
+        chosen = _series_filter(run, self.metric) if self.metric else f"run_id = {run.run_id} AND kind = 'counter'"
+        return f"""WITH
+points AS (
+    SELECT s.target, s.name, s.labels, p.ts, p.value,
+           lag(p.value) OVER (PARTITION BY p.series_id ORDER BY p.ts) AS prev
+    FROM samples p JOIN series s USING (series_id)
+    WHERE p.series_id IN (SELECT series_id FROM series WHERE {chosen})
+),
+resets AS (SELECT target, name, labels, ts, prev AS before, value AS after FROM points WHERE value < prev),
+checked AS (SELECT count(*) AS series_samples FROM points)
+SELECT r.target, r.name, r.labels, r.ts, r.before, r.after, {_sql_bool(self.allow)} AS passed
+FROM resets r
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, series_samples > 0 FROM checked WHERE NOT EXISTS (SELECT 1 FROM resets)
+ORDER BY 4 NULLS LAST"""
+
+    def threshold(self) -> dict:
+        return {"resets": "any, listed" if self.allow else 0}
+
+
+Criterion = Annotated[
+    Parity | ZeroDelta | PositiveDelta | RatioToBound | NoCollapse | CrossSource | CounterResets,
+    Field(discriminator="kind"),
+]
+
+
+class CriteriaFile(_Strict):
+    runs: list[str] = Field(min_length=1, description="roles, bound in order to `kvscope verify --run` arguments")
+    criteria: list[Criterion] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _known_roles(self) -> CriteriaFile:
+        names = [criterion.name for criterion in self.criteria]
+        if len(set(names)) != len(names):
+            raise ValueError(f"criterion names must be unique, got {names}")
+        for criterion in self.criteria:
+            unknown = [role for role in criterion.roles() if role not in self.runs]
+            if unknown:
+                raise ValueError(f"criterion {criterion.name!r} names run {unknown[0]!r}, not one of {self.runs}")
+        return self
+
+    def bind(self, db: Database, run_names: list[str]) -> dict[str, Run]:
+        """Roles to recorded runs, in order; errors name the roles and the runs that are missing."""
+        if len(run_names) != len(self.runs):
+            raise CriteriaError(
+                f"the criteria compare {len(self.runs)} run(s) ({', '.join(self.runs)}): "
+                f"pass --run {len(self.runs)} time(s), got {len(run_names)}"
+            )
+        return {role: db.run(name) for role, name in zip(self.runs, run_names, strict=True)}
+
+
+def load_criteria(path: Path) -> CriteriaFile:
+    data = read_yaml(path, "criteria", CriteriaError)
+    try:
+        return CriteriaFile.model_validate(data)
+    except ValidationError as error:
+        raise CriteriaError("\n".join(describe(error, str(path), "criteria"))) from None
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What one criterion's query returned; `passed` needs at least one row and every row passing."""
+
+    criterion: _Criterion
+    sql: str
+    columns: list[str]
+    rows: list[dict]
+    series_ids: list[int]
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.rows) and all(row["passed"] for row in self.rows)
+
+
+def evaluate(db: Database, criterion: _Criterion, runs: Mapping[str, Run]) -> Outcome:
+    """Check the criterion's inputs exist, run its SQL, and return the rows with the series it read."""
+    series_ids: list[int] = []
+    for role, metric, needs_delta in criterion.reads():
+        series_ids += _check_input(db, criterion, runs[role], metric, needs_delta)
+    if isinstance(criterion, CounterResets) and criterion.metric is None:
+        series_ids = [
+            row[0]
+            for row in run_sql(
+                db.con,
+                "SELECT series_id FROM series WHERE run_id = ? AND kind = 'counter'",
+                [runs[criterion.run].run_id],
+            )
+        ]
+        if not series_ids:
+            raise CriteriaError(f"criterion {criterion.name!r}: run {runs[criterion.run].name!r} has no counters")
+    sql = criterion.sql(runs)
+    result = db.con.execute(sql)
+    columns = [column[0] for column in result.description]
+    rows = [plain_row(dict(zip(columns, row, strict=True))) for row in result.fetchall()]
+    return Outcome(criterion, sql, columns, rows, sorted(set(series_ids)))
+
+
+def _check_input(db: Database, criterion: _Criterion, run: Run, metric: Metric, needs_delta: bool) -> list[int]:
+    rows = run_sql(
+        db.con,
+        f"SELECT s.series_id, count(p.ts) FROM series s LEFT JOIN samples p USING (series_id) "
+        f"WHERE {_series_filter(run, metric, 's.')} GROUP BY s.series_id",
+    )
+    where = f"criterion {criterion.name!r}: run {run.name!r}"
+    if not rows:
+        raise CriteriaError(f"{where} has no series {metric.describe()}: nothing to judge (is the name right?)")
+    thin = [count for _, count in rows if count < (2 if needs_delta else 1)]
+    if thin:
+        raise CriteriaError(
+            f"{where}: {len(thin)} series of {metric.describe()} have fewer than 2 samples: no delta can be measured"
+        )
+    return [series_id for series_id, _ in rows]
+
+
+# --------------------------------------------------------------------------------------------- SQL pieces
+
+_MEASURES: dict[str, str] = {
+    "increase": "increase",
+    "last_minus_first": "last_value - first_value",
+    "max_minus_min": "max_value - min_value",
+}
+
+
+def _per_series(run: Run, metric: Metric) -> str:
+    """One row per series of `metric` in `run`: its reset-adjusted increase and first/last/min/max."""
+    return f"""
+    SELECT s.series_id, s.target, s.labels, s.kind, count(*) AS samples, min(p.ts) AS first_ts, max(p.ts) AS last_ts,
+           sum(CASE WHEN p.prev IS NULL THEN 0 WHEN p.value < p.prev THEN p.value ELSE p.value - p.prev END)
+               AS increase,
+           count(*) FILTER (WHERE p.value < p.prev) AS resets,
+           arg_min(p.value, p.ts) AS first_value, arg_max(p.value, p.ts) AS last_value,
+           min(p.value) AS min_value, max(p.value) AS max_value
+    FROM series s
+    JOIN (SELECT series_id, ts, value, lag(value) OVER (PARTITION BY series_id ORDER BY ts) AS prev FROM samples
+          WHERE series_id IN (SELECT series_id FROM series WHERE {_series_filter(run, metric)})) p USING (series_id)
+    GROUP BY s.series_id, s.target, s.labels, s.kind"""
+
+
+def _series_filter(run: Run, metric: Metric, prefix: str = "") -> str:
+    parts = [
+        f"{prefix}run_id = {run.run_id}",
+        f"{prefix}name = {_text(metric.name)}",
+        f"{'NOT ' if metric.raw else ''}{prefix}normalized",
+    ]
+    parts += [f"{_label(label, prefix)} = {_text(value)}" for label, value in sorted(metric.where.items())]
+    return " AND ".join(parts)
+
+
+def _label(label: str, prefix: str = "") -> str:
+    return f"json_extract_string({prefix}labels, {_text('$.' + json.dumps(label))})"
+
+
+def _text(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _number(value: float) -> str:
+    return repr(float(value))
+
+
+def _sql_bool(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def plain_row(row: dict) -> dict:
+    """A result row as the evidence stores it: `labels` (JSON text in DuckDB) parsed, DuckDB's wide integer sums
+    (Decimal) as int, and NaN or infinities (no JSON spelling) as None."""
+    for key, value in row.items():
+        if key == "labels" and isinstance(value, str):
+            row[key] = json.loads(value)
+        elif isinstance(value, Decimal):
+            row[key] = int(value) if value == value.to_integral_value() else float(value)
+        elif isinstance(value, float) and not math.isfinite(value):
+            row[key] = None
+    return row

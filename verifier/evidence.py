@@ -1,0 +1,283 @@
+"""Verdicts with evidence an auditor can re-run: stored, exported as a bundle, and checked from the bundle alone.
+
+A verdict's evidence is one JSON document: the criterion as written, the runs it was bound to, the SQL verbatim,
+the rows it returned, the threshold, the series it read (with their labels and sample counts), the time range, and
+the kvscope and DuckDB versions. Its digest is sha256 over the document's canonical JSON (sorted keys, no spaces,
+UTF-8), a newline, and the samples it read: series_id as little-endian int64, then ts, then value as little-endian
+float64, each column in (series_id, ts) order.
+
+A bundle is a directory: `evidence.json` (the documents and their digests) and `samples.parquet` (every sample the
+verdicts read). `check_bundle` rebuilds the tables from the bundle, recomputes each digest and re-runs each SQL:
+an edited document, an edited sample or a verdict the SQL no longer gives is reported by name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import duckdb
+import numpy as np
+
+from kvscope import __version__
+from kvscope.units import format_bytes
+from kvscope.verifier.criteria import Outcome, plain_row
+from kvscope.verifier.db import Database, Run, VerifierError, canonical_json, run_sql
+
+BUNDLE_FORMAT = "kvscope-evidence/1"
+FLOAT_TOLERANCE = 1e-9  # re-run sums of doubles may differ in the last bits (parallel aggregation order)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    verdict_id: int
+    criterion: str
+    passed: bool
+    summary: str
+    document: dict
+    digest: str
+
+
+def samples_of(con: duckdb.DuckDBPyConnection, series_ids: list[int]) -> dict[str, np.ndarray]:
+    """The samples of `series_ids` in digest order."""
+    if not series_ids:
+        return {"series_id": np.empty(0, np.int64), "ts": np.empty(0), "value": np.empty(0)}
+    ids = ", ".join(map(str, series_ids))
+    result = con.execute(f"SELECT series_id, ts, value FROM samples WHERE series_id IN ({ids}) ORDER BY series_id, ts")
+    return result.fetchnumpy()
+
+
+def digest(document: Mapping, samples: Mapping[str, np.ndarray]) -> str:
+    sha = hashlib.sha256(canonical_json(document).encode())
+    sha.update(b"\n")
+    sha.update(np.asarray(samples["series_id"], dtype="<i8").tobytes())
+    sha.update(np.asarray(samples["ts"], dtype="<f8").tobytes())
+    sha.update(np.asarray(samples["value"], dtype="<f8").tobytes())
+    return sha.hexdigest()
+
+
+def record_verdict(db: Database, outcome: Outcome, runs: Mapping[str, Run]) -> Verdict:
+    """Build the evidence document of `outcome`, digest it with its samples, and store it as a verdict row."""
+    samples = samples_of(db.con, outcome.series_ids)
+    ts = samples["ts"]
+    document = {
+        "format": BUNDLE_FORMAT,
+        "criterion": outcome.criterion.model_dump(mode="json", by_alias=True, exclude_defaults=False),
+        "runs": {
+            role: {"name": r.name, "run_id": r.run_id, "arm": r.arm, "scenario": r.scenario} for role, r in runs.items()
+        },
+        "passed": outcome.passed,
+        "summary": summarize(outcome),
+        "threshold": outcome.criterion.threshold(),
+        "columns": outcome.columns,
+        "observed": outcome.rows,
+        "sql": outcome.sql,
+        "series": _series_rows(db.con, outcome.series_ids),
+        "sample_count": len(ts),
+        "time_range": [float(ts.min()), float(ts.max())] if len(ts) else None,
+        "kvscope_version": __version__,
+        "duckdb_version": duckdb.__version__,
+    }
+    sha = digest(document, samples)
+    (verdict_id,) = run_sql(
+        db.con,
+        "INSERT INTO verdicts (criterion, kind, runs, passed, evidence, digest, created_at) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING verdict_id",
+        [
+            outcome.criterion.name,
+            outcome.criterion.kind,  # type: ignore[attr-defined]
+            canonical_json({role: run.name for role, run in runs.items()}),
+            outcome.passed,
+            canonical_json(document),
+            sha,
+            time.time(),
+        ],
+    )[0]
+    return Verdict(verdict_id, outcome.criterion.name, outcome.passed, document["summary"], document, sha)
+
+
+def summarize(outcome: Outcome) -> str:
+    """One line an on-call person reads: what passed, or which rows failed and with what values."""
+    if not outcome.rows:
+        return "no rows: the query found nothing to judge"
+    failed = [row for row in outcome.rows if not row["passed"]]
+    kind = outcome.criterion.kind  # type: ignore[attr-defined]
+    if kind == "no_collapse" and failed:
+        first = failed[0]
+        return (
+            f"collapsed: from round {first['streak_start']} the hit ratio stayed below "
+            f"{outcome.criterion.fraction:g} of its ideal ({first['hit_ratio']:.4f} vs {first['ideal_hit_ratio']:.4f} "  # type: ignore[attr-defined]
+            f"in round {first['round']})"
+        )
+    if not failed:
+        return f"passed: {len(outcome.rows)} row(s) checked"
+    columns = outcome.criterion.summary_columns
+    if kind == "positive_delta":
+        columns = (outcome.criterion.group_by, *columns)  # type: ignore[attr-defined]
+    byte_metric = any(metric.name.endswith("bytes") for _, metric, _ in outcome.criterion.reads())
+    shown = "; ".join(_describe_row(row, columns, byte_metric) for row in failed[:5])
+    more = f" (and {len(failed) - 5} more)" if len(failed) > 5 else ""
+    return f"failed: {len(failed)} of {len(outcome.rows)} row(s): {shown}{more}"
+
+
+def _describe_row(row: Mapping, columns: tuple[str, ...], in_bytes: bool) -> str:
+    """`key=value` for the row's telling columns; amounts of a byte metric also in readable units."""
+    parts = []
+    for key in columns:
+        value = row.get(key)
+        if key == "labels" and isinstance(value, Mapping):
+            value = "{" + ",".join(f"{k}={v}" for k, v in sorted(value.items())) + "}"
+        elif key.endswith("_ts") and isinstance(value, float):
+            value = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(value))
+        elif isinstance(value, int | float) and not isinstance(value, bool) and key != "round":
+            integral = isinstance(value, int) or value.is_integer()
+            amount = f"{int(value):,}" if integral else f"{value:,.6g}"
+            if in_bytes and key not in ("relative_difference", "ratio_to_bound"):
+                amount += f" B ({format_bytes(value)})"
+            value = amount
+        parts.append(f"{key}={value}")
+    return " ".join(parts)
+
+
+def _series_rows(con: duckdb.DuckDBPyConnection, series_ids: list[int]) -> list[dict]:
+    if not series_ids:
+        return []
+    ids = ", ".join(map(str, series_ids))
+    result = con.execute(
+        "SELECT s.series_id, s.run_id, s.target, s.source, s.name, s.kind, s.normalized, s.labels, "
+        f"(SELECT count(*) FROM samples p WHERE p.series_id = s.series_id) AS samples "
+        f"FROM series s WHERE s.series_id IN ({ids}) ORDER BY s.series_id"
+    )
+    columns = [c[0] for c in result.description]
+    rows = [dict(zip(columns, row, strict=True)) for row in result.fetchall()]
+    for row in rows:
+        row["labels"] = json.loads(row["labels"])
+    return rows
+
+
+# --------------------------------------------------------------------------------------------- bundles
+
+
+def export_bundle(db: Database, verdict_ids: list[int], out: Path) -> Path:
+    """Write `out/evidence.json` and `out/samples.parquet` for the given verdicts (all when empty)."""
+    where = f"WHERE verdict_id IN ({', '.join(map(str, verdict_ids))})" if verdict_ids else ""
+    rows = run_sql(db.con, f"SELECT verdict_id, evidence, digest FROM verdicts {where} ORDER BY verdict_id")
+    if not rows:
+        raise VerifierError(f"{db.path}: no verdicts to export" + (f" with ids {verdict_ids}" if verdict_ids else ""))
+    missing = set(verdict_ids) - {row[0] for row in rows}
+    if missing:
+        raise VerifierError(f"{db.path}: no verdict with id {', '.join(map(str, sorted(missing)))}")
+    out.mkdir(parents=True, exist_ok=True)
+    verdicts = [{"verdict_id": vid, "digest": sha, "document": json.loads(doc)} for vid, doc, sha in rows]
+    series_ids = sorted({s["series_id"] for v in verdicts for s in v["document"]["series"]})
+    ids = ", ".join(map(str, series_ids)) or "NULL"
+    parquet = out / "samples.parquet"
+    run_sql(
+        db.con,
+        f"COPY (SELECT series_id, ts, value FROM samples WHERE series_id IN ({ids}) ORDER BY series_id, ts) "
+        f"TO {_quote(str(parquet))} (FORMAT parquet)",
+    )
+    bundle = {"format": BUNDLE_FORMAT, "database": db.path, "exported_at": time.time(), "verdicts": verdicts}
+    (out / "evidence.json").write_text(json.dumps(bundle, indent=2, sort_keys=True) + "\n")
+    return out
+
+
+@dataclass
+class CheckReport:
+    checked: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.checked > 0 and not self.problems
+
+
+def check_bundle(bundle: Path) -> CheckReport:
+    """Recompute every digest and verdict of a bundle from its own files; list whatever does not match."""
+    manifest, parquet = bundle / "evidence.json", bundle / "samples.parquet"
+    for path in (manifest, parquet):
+        if not path.is_file():
+            raise VerifierError(f"{bundle}: not an evidence bundle: {path.name} is missing")
+    try:
+        data = json.loads(manifest.read_text())
+        verdicts = data["verdicts"]
+    except (ValueError, KeyError, TypeError) as error:
+        raise VerifierError(f"{manifest}: not a kvscope evidence file: {error}") from None
+    report = CheckReport()
+    with Database(":memory:") as scratch:
+        _load_bundle(scratch, verdicts, parquet)
+        for verdict in verdicts:
+            report.checked += 1
+            report.problems += _check_verdict(scratch, verdict)
+    return report
+
+
+def _load_bundle(db: Database, verdicts: list[dict], parquet: Path) -> None:
+    """The tables a verdict's SQL reads, rebuilt from the bundle: runs and series from the documents."""
+    series: dict[int, dict] = {}
+    runs: dict[int, dict] = {}
+    for verdict in verdicts:
+        for row in verdict["document"]["series"]:
+            series[row["series_id"]] = row
+        for run in verdict["document"]["runs"].values():
+            runs[run["run_id"]] = run
+    db.con.executemany(
+        "INSERT INTO runs (run_id, name, arm, scenario, origin, started_at, config) "
+        "VALUES (?, ?, ?, ?, 'bundle', 0, '{}')",
+        [(run_id, r["name"], r["arm"], r["scenario"]) for run_id, r in runs.items()],
+    )
+    db.con.executemany(
+        "INSERT INTO series VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        [
+            (s["series_id"], s["run_id"], s["target"], s["source"], s["name"], s["kind"], s["normalized"],
+             canonical_json(s["labels"]))
+            for s in series.values()
+        ],
+    )  # fmt: skip
+    run_sql(db.con, f"INSERT INTO samples SELECT series_id, ts, value FROM read_parquet({_quote(str(parquet))})")
+
+
+def _check_verdict(db: Database, verdict: dict) -> list[str]:
+    document, name = verdict["document"], f"verdict {verdict.get('verdict_id')}"
+    name += f" ({document.get('criterion', {}).get('name', '?')})"
+    series_ids = [s["series_id"] for s in document["series"]]
+    problems = []
+    if digest(document, samples_of(db.con, series_ids)) != verdict["digest"]:
+        problems.append(f"{name}: digest mismatch: the document or the samples it read were changed")
+    try:
+        result = db.con.execute(document["sql"])
+        columns = [c[0] for c in result.description]
+        rows = [plain_row(dict(zip(columns, row, strict=True))) for row in result.fetchall()]
+    except duckdb.Error as error:
+        return [*problems, f"{name}: its SQL no longer runs on the bundle: {error}"]
+    if not _same_rows(rows, document["observed"]):
+        problems.append(f"{name}: re-running its SQL gives different rows than the evidence records")
+    passed = bool(rows) and all(row["passed"] for row in rows)
+    if passed != document["passed"]:
+        problems.append(f"{name}: recorded {'pass' if document['passed'] else 'fail'}, the samples say otherwise")
+    return problems
+
+
+def _same_rows(left: list[dict], right: list[dict]) -> bool:
+    if len(left) != len(right):
+        return False
+    for a, b in zip(left, right, strict=True):
+        if a.keys() != b.keys():
+            return False
+        for key in a:
+            x, y = a[key], b[key]
+            if isinstance(x, float) and isinstance(y, int | float) and not isinstance(y, bool):
+                if not math.isclose(x, y, rel_tol=FLOAT_TOLERANCE, abs_tol=FLOAT_TOLERANCE):
+                    return False
+            elif x != y:
+                return False
+    return True
+
+
+def _quote(path: str) -> str:
+    return "'" + path.replace("'", "''") + "'"

@@ -1,0 +1,109 @@
+"""The verifier's DuckDB schema, as numbered migrations applied in order.
+
+A database records its version in `schema_version`; opening an older file applies the missing migrations in one
+transaction each, and a file newer than this kvscope is refused rather than misread. Never edit a migration that
+has shipped: add the next one.
+
+Tables:
+- runs: one recorded run (an arm of an A/B, a cluster window); `origin` says how it got here.
+- targets: what was scraped in a run, with the target's configuration.
+- series: one (target, source, name, labels, raw or normalized) time series of a run; labels as canonical JSON.
+- samples: (series_id, ts, value); ts is unix seconds. Written only in whole batches (see `batches`).
+- batches: one row per committed batch, in the same transaction as its samples: what a crash can lose is the
+  batch in flight, never part of one.
+- verdicts: one evaluated criterion: pass/fail, observed values, threshold, the SQL, and the evidence digest.
+"""
+
+from __future__ import annotations
+
+import duckdb
+
+MIGRATIONS: tuple[str, ...] = (
+    # 1: the first schema
+    """
+    CREATE SEQUENCE run_ids START 1;
+    CREATE TABLE runs (
+        run_id      INTEGER PRIMARY KEY DEFAULT nextval('run_ids'),
+        name        VARCHAR NOT NULL UNIQUE,
+        arm         VARCHAR,
+        scenario    VARCHAR,              -- the A/B scenario, or the cluster a recording came from
+        origin      VARCHAR NOT NULL,     -- recorder | ab | prometheus
+        started_at  DOUBLE NOT NULL,      -- unix seconds
+        ended_at    DOUBLE,               -- set when the run finishes cleanly
+        config      JSON NOT NULL
+    );
+    CREATE TABLE targets (
+        run_id  INTEGER NOT NULL REFERENCES runs (run_id),
+        target  VARCHAR NOT NULL,
+        source  VARCHAR NOT NULL,
+        config  JSON NOT NULL,
+        PRIMARY KEY (run_id, target)
+    );
+    CREATE SEQUENCE series_ids START 1;
+    CREATE TABLE series (
+        series_id   INTEGER PRIMARY KEY,
+        run_id      INTEGER NOT NULL REFERENCES runs (run_id),
+        target      VARCHAR NOT NULL,
+        source      VARCHAR NOT NULL,
+        name        VARCHAR NOT NULL,
+        kind        VARCHAR NOT NULL,
+        normalized  BOOLEAN NOT NULL,
+        labels      JSON NOT NULL         -- canonical: keys sorted, no spaces
+    );
+    CREATE TABLE samples (
+        series_id  INTEGER NOT NULL,
+        ts         DOUBLE NOT NULL,
+        value      DOUBLE NOT NULL
+    );
+    CREATE SEQUENCE batch_ids START 1;
+    CREATE TABLE batches (
+        batch_id      INTEGER PRIMARY KEY,
+        run_id        INTEGER NOT NULL,
+        rows          BIGINT NOT NULL,
+        first_ts      DOUBLE,
+        last_ts       DOUBLE,
+        committed_at  DOUBLE NOT NULL
+    );
+    CREATE SEQUENCE verdict_ids START 1;
+    CREATE TABLE verdicts (
+        verdict_id    INTEGER PRIMARY KEY DEFAULT nextval('verdict_ids'),
+        criterion     VARCHAR NOT NULL,
+        kind          VARCHAR NOT NULL,
+        runs          JSON NOT NULL,       -- role -> run name, as bound on the command line
+        passed        BOOLEAN NOT NULL,
+        evidence      JSON NOT NULL,       -- the canonical document the digest covers (see evidence.py)
+        digest        VARCHAR NOT NULL,    -- sha256 over the evidence document and the samples it read
+        created_at    DOUBLE NOT NULL
+    );
+    CREATE VIEW sample_rows AS
+        SELECT r.name AS run, r.arm, s.target, s.source, s.name, s.kind, s.normalized, s.labels,
+               p.ts, p.value
+        FROM samples p JOIN series s USING (series_id) JOIN runs r USING (run_id);
+    """,
+)
+
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class SchemaError(RuntimeError):
+    """The database cannot be used by this kvscope (too new, or not a kvscope database)."""
+
+
+def migrate(con: duckdb.DuckDBPyConnection, where: str) -> int:
+    """Bring `con` to SCHEMA_VERSION; returns the version it had before (0 for a new database)."""
+    con.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL, applied_at DOUBLE NOT NULL)")
+    found = con.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchone()[0]
+    if found > SCHEMA_VERSION:
+        raise SchemaError(
+            f"{where}: database schema version {found} is newer than this kvscope's ({SCHEMA_VERSION}); upgrade kvscope"
+        )
+    for version in range(found + 1, SCHEMA_VERSION + 1):
+        con.execute("BEGIN TRANSACTION")
+        try:
+            con.execute(MIGRATIONS[version - 1])
+            con.execute("INSERT INTO schema_version VALUES (?, epoch(now()))", [version])
+            con.execute("COMMIT")
+        except Exception:
+            con.execute("ROLLBACK")
+            raise
+    return found
