@@ -15,6 +15,8 @@ from kvscope import __version__
 app = typer.Typer(help="Observability and media verification for tiered LLM KV caches.", no_args_is_help=True)
 ab_app = typer.Typer(help="A/B tests of tier layouts on the embedded tiered store.", no_args_is_help=True)
 app.add_typer(ab_app, name="ab")
+evidence_app = typer.Typer(help="Evidence bundles an auditor re-runs.", no_args_is_help=True)
+app.add_typer(evidence_app, name="evidence")
 
 console = Console()
 if not console.is_terminal:  # piped or captured: keep the per-round table on one line per round
@@ -23,6 +25,7 @@ errors = Console(stderr=True)
 
 ScenarioPath = Annotated[Path, typer.Argument(help="scenario YAML (see examples/)", show_default=False)]
 JsonOut = Annotated[Path | None, typer.Option("--json", help="write the result as JSON to this file")]
+DbPath = Annotated[Path, typer.Option("--db", help="the verifier's DuckDB file (created when missing)")]
 
 
 def _fail(message: object) -> typer.Exit:
@@ -156,6 +159,9 @@ def ab_run(
     workdir: Annotated[
         Path | None, typer.Option("--workdir", help="folder for file-backend tiers without a path")
     ] = None,
+    db: Annotated[
+        Path | None, typer.Option("--db", help="record every arm through the exporters into this verifier database")
+    ] = None,
 ) -> None:
     """Run every arm of SCENARIO on the embedded store and print the rounds side by side."""
     from kvscope.tierstore.ab import run_ab
@@ -168,10 +174,27 @@ def ab_run(
         rounds = make_workload(spec).round_count
     except TraceError as error:
         raise _fail(error) from None
+    recorder = _ab_recorder(db, spec, scenario) if db else None
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
         tasks = {name: progress.add_task(f"arm {name}", total=rounds) for name in spec.arms}
-        result = run_ab(spec, on_round=lambda arm, row: progress.advance(tasks[arm]), workdir=workdir)
+
+        def round_done(arm: str, row: dict) -> None:
+            if recorder:
+                recorder.round_done(arm, row)
+            progress.advance(tasks[arm])
+
+        result = run_ab(
+            spec,
+            on_round=round_done,
+            workdir=workdir,
+            publish=recorder is not None,
+            on_start=recorder.arm_started if recorder else None,
+        )
+    if recorder:
+        recorder.finish()
+        recorder.db.close()
+        console.print(f"recorded runs {', '.join(run.name for run in recorder.runs)} in {db}")
     console.print(rounds_table(result))
     for line in verdict_lines(result):
         console.print(line, highlight=False)
@@ -181,3 +204,133 @@ def ab_run(
         plot.parent.mkdir(parents=True, exist_ok=True)
         draw(result, plot)
         console.print(f"wrote {plot}")
+
+
+def _ab_recorder(db: Path, spec, scenario: Path):
+    from kvscope.verifier.db import Database, VerifierError
+    from kvscope.verifier.recorder import ABRecorder
+
+    try:
+        return ABRecorder(Database(db), spec, scenario)
+    except VerifierError as error:
+        raise _fail(error) from None
+
+
+@app.command()
+def record(
+    config: Annotated[Path, typer.Option("--config", help="exporter configuration (see examples/targets.yaml)")],
+    db: DbPath,
+    run: Annotated[str, typer.Option("--run", help="name of the new run")],
+    arm: Annotated[str | None, typer.Option("--arm", help="the A/B arm this run is")] = None,
+    cluster: Annotated[str | None, typer.Option("--cluster", help="the cluster or scenario recorded")] = None,
+    duration: Annotated[str | None, typer.Option("--for", help="stop after this long, e.g. 30m (else Ctrl-C)")] = None,
+) -> None:
+    """Scrape the configured targets into the verifier database, raw and normalized, as run RUN."""
+    import asyncio
+
+    from kvscope.exporters.config import ConfigError, load_config
+    from kvscope.units import parse_duration
+    from kvscope.verifier.db import Database, VerifierError
+    from kvscope.verifier.recorder import record as record_run
+
+    try:
+        settings = load_config(config)
+        seconds = parse_duration(duration) if duration else None
+        with Database(db) as database:
+            console.print(f"recording {len(settings.targets)} targets into {db} as run {run!r}; Ctrl-C stops")
+            recorded = asyncio.run(record_run(database, settings, run, arm, cluster, seconds))
+            count = database.con.execute(
+                "SELECT count(*) FROM samples JOIN series USING (series_id) WHERE run_id = ?", [recorded.run_id]
+            ).fetchone()[0]
+    except (ConfigError, VerifierError, ValueError) as error:
+        raise _fail(error) from None
+    console.print(f"run {run!r}: {count:,} samples recorded")
+
+
+@app.command()
+def verify(
+    db: DbPath,
+    criteria: Annotated[Path, typer.Option("--criteria", help="criteria YAML (see criteria/media.yaml)")],
+    run: Annotated[list[str], typer.Option("--run", help="a recorded run, once per role of the criteria, in order")],
+    json_out: JsonOut = None,
+) -> None:
+    """Judge recorded runs against machine criteria; store each verdict with its evidence.
+
+    Exit 0 when every criterion passed, 1 when one failed, 2 when one could not be judged (missing series...).
+    """
+    from rich.table import Table
+
+    from kvscope.verifier.criteria import CriteriaError, evaluate, load_criteria
+    from kvscope.verifier.db import Database, VerifierError
+    from kvscope.verifier.evidence import record_verdict
+
+    if not db.exists():
+        raise _fail(f"{db}: no such verifier database")
+    try:
+        spec = load_criteria(criteria)
+        database = Database(db)
+        runs = spec.bind(database, run)
+    except VerifierError as error:
+        raise _fail(error) from None
+    table = Table(title=f"{criteria} on {', '.join(f'{role}={r.name}' for role, r in runs.items())}")
+    for column in ("criterion", "verdict", "summary", "digest"):
+        table.add_column(column, overflow="fold")
+    verdicts, problems = [], []
+    with database:
+        for criterion in spec.criteria:
+            try:
+                verdict = record_verdict(database, evaluate(database, criterion, runs), runs)
+            except CriteriaError as error:
+                problems.append(str(error))
+                table.add_row(criterion.name, "[yellow]ERROR[/yellow]", str(error), "")
+                continue
+            verdicts.append(verdict)
+            mark = "[green]PASS[/green]" if verdict.passed else "[red]FAIL[/red]"
+            table.add_row(verdict.criterion, mark, verdict.summary, verdict.digest[:16])
+    console.print(table)
+    if json_out:
+        documents = [{"verdict_id": v.verdict_id, "digest": v.digest, "document": v.document} for v in verdicts]
+        _write_json(json_out, {"passed": not problems and all(v.passed for v in verdicts), "verdicts": documents,
+                               "errors": problems})  # fmt: skip
+    if problems:
+        raise typer.Exit(2)
+    raise typer.Exit(0 if all(v.passed for v in verdicts) else 1)
+
+
+@evidence_app.command("export")
+def evidence_export(
+    db: DbPath,
+    out: Annotated[Path, typer.Option("--out", help="bundle directory to write")],
+    verdict: Annotated[
+        list[int] | None, typer.Option("--verdict", help="verdict id (repeat); all when omitted")
+    ] = None,
+) -> None:
+    """Write an evidence bundle: evidence.json (documents and digests) and samples.parquet."""
+    from kvscope.verifier.db import Database, VerifierError
+    from kvscope.verifier.evidence import export_bundle
+
+    if not db.exists():
+        raise _fail(f"{db}: no such verifier database")
+    try:
+        with Database(db) as database:
+            export_bundle(database, verdict or [], out)
+    except VerifierError as error:
+        raise _fail(error) from None
+    console.print(f"wrote {out}/evidence.json and {out}/samples.parquet")
+
+
+@evidence_app.command("check")
+def evidence_check(bundle: Annotated[Path, typer.Argument(help="a bundle directory from `evidence export`")]) -> None:
+    """Recompute every digest and verdict from the bundle alone; exit 1 on any mismatch."""
+    from kvscope.verifier.db import VerifierError
+    from kvscope.verifier.evidence import check_bundle
+
+    try:
+        report = check_bundle(bundle)
+    except VerifierError as error:
+        raise _fail(error) from None
+    for problem in report.problems:
+        errors.print(f"[red]tampered:[/red] {problem}", highlight=False)
+    if report.ok:
+        console.print(f"{bundle}: {report.checked} verdict(s) recomputed; digests and verdicts match")
+    raise typer.Exit(0 if report.ok else 1)

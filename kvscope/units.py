@@ -1,4 +1,4 @@
-"""Byte sizes and bandwidths as people write them in scenarios ("88.1KB", "50GiB", "400Gb/s").
+"""Byte sizes, bandwidths and durations as people write them ("88.1KB", "50GiB", "400Gb/s", "5m").
 
 Decimal units are powers of 1000 and binary units powers of 1024, as DESIGN.md fixes; a bandwidth in
 bits (Gb/s, Gbps) is converted to bytes per second so every cost in kvscope is in bytes.
@@ -72,6 +72,26 @@ def parse_bandwidth(value: str | int | float) -> float:
     if rate <= 0:
         raise ValueError(f"invalid bandwidth {value!r}: must be positive")
     return rate
+
+
+_DURATION_UNITS: dict[str, float] = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(value: str | int | float) -> float:
+    """Seconds in `value`: a number of seconds or a string such as "90s", "5m", "1.5h" (Prometheus' units)."""
+    if isinstance(value, bool):
+        raise ValueError(f"invalid duration {value!r}: expected seconds or a string like '5m'")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        match = _NUMBER_UNIT.match(value)
+        unit = match.group(2) if match else None
+        if not match or (unit and unit not in _DURATION_UNITS):
+            raise ValueError(f"invalid duration {value!r}: expected a number and one of {', '.join(_DURATION_UNITS)}")
+        seconds = float(match.group(1)) * _DURATION_UNITS[unit or "s"]
+    if seconds <= 0:
+        raise ValueError(f"invalid duration {value!r}: must be positive")
+    return seconds
 
 
 def format_bytes(count: float) -> str:

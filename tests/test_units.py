@@ -2,7 +2,7 @@
 
 import pytest
 
-from kvscope.units import format_bytes, parse_bandwidth, parse_size
+from kvscope.units import format_bytes, parse_bandwidth, parse_duration, parse_size
 
 
 @pytest.mark.parametrize(
@@ -45,3 +45,14 @@ def test_bad_bandwidths_are_rejected(text):
 def test_format_bytes():
     assert format_bytes(449_586_380_800) == "449.6 GB"
     assert format_bytes(999) == "999 B"
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("90", 90.0), (90, 90.0), ("250ms", 0.25), ("5m", 300.0), ("1.5h", 5400.0)])
+def test_durations_in_prometheus_units(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["5 minutes", "-1s", "0", "1w", ""])
+def test_bad_durations_name_the_value(text):
+    with pytest.raises(ValueError, match="invalid duration"):
+        parse_duration(text)

@@ -108,11 +108,11 @@ def summarize(outcome: Outcome) -> str:
     failed = [row for row in outcome.rows if not row["passed"]]
     kind = outcome.criterion.kind  # type: ignore[attr-defined]
     if kind == "no_collapse" and failed:
-        first = failed[0]
+        first, criterion = failed[0], outcome.criterion
+        rounds = f"{criterion.consecutive} rounds in a row" if criterion.consecutive > 1 else "the hit ratio"  # type: ignore[attr-defined]
         return (
-            f"collapsed: from round {first['streak_start']} the hit ratio stayed below "
-            f"{outcome.criterion.fraction:g} of its ideal ({first['hit_ratio']:.4f} vs {first['ideal_hit_ratio']:.4f} "  # type: ignore[attr-defined]
-            f"in round {first['round']})"
+            f"collapsed in round {first['streak_start']}: {rounds} below {criterion.fraction:g} x the ideal "  # type: ignore[attr-defined]
+            f"(round {first['round']}: hit ratio {first['hit_ratio']:.4f}, ideal {first['ideal_hit_ratio']:.4f})"
         )
     if not failed:
         return f"passed: {len(outcome.rows)} row(s) checked"
