@@ -1,0 +1,199 @@
+"""Criteria semantics on hand-worked series: Prometheus' reset rule, tolerance edges, gauges, missing inputs."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvscope.verifier.criteria import CriteriaError, CriteriaFile, evaluate, load_criteria
+from kvscope.verifier.db import VerifierError
+
+
+def judge(recording, criterion: dict, roles: tuple[str, ...] = ("a", "b")):
+    spec = CriteriaFile.model_validate({"runs": list(roles), "criteria": [criterion]})
+    runs = spec.bind(recording.db, list(roles))
+    return evaluate(recording.db, spec.criteria[0], runs)
+
+
+def parity(tolerance: float = 0.001) -> dict:
+    return {"name": "p", "kind": "parity", "metric": "kv.store.put.bytes", "runs": ["a", "b"], "tolerance": tolerance}
+
+
+# ------------------------------------------------------------------------------------------------ resets
+
+
+def test_increase_across_a_reset_counts_the_new_counter_from_zero(recording):
+    """0 -> 10 -> 20, restart, 5 -> 15: Prometheus' increase() says 20 + 5 + 10 = 35."""
+    recording.add("a", "kv.store.put.bytes", [0, 10, 20, 5, 15], tier="dram")
+    recording.add("b", "kv.store.put.bytes", [100, 135], tier="dram")
+    outcome = judge(recording, parity(0.0))
+    assert outcome.rows[0]["a_value"] == outcome.rows[0]["b_value"] == 35
+    assert outcome.passed
+
+
+def test_a_counter_that_restarts_at_zero_and_stays_there_did_not_move(recording):
+    recording.add("a", "kv.tier.written.bytes", [10, 0, 0], tier="nof")
+    outcome = judge(
+        recording, {"name": "z", "kind": "zero_delta", "metric": "kv.tier.written.bytes", "run": "a"}, ("a",)
+    )
+    assert (outcome.rows[0]["delta"], outcome.rows[0]["resets"], outcome.passed) == (0, 1, True)
+
+
+def test_counter_resets_are_listed_with_time_and_target(recording):
+    recording.add("a", "kv.store.put.bytes", [0, 10, 3, 8, 1], target="vllm-1", tier="dram")
+    recording.add("a", "kv.store.get.bytes", [0, 1, 2], target="vllm-2", tier="dram")
+    outcome = judge(recording, {"name": "r", "kind": "counter_resets", "run": "a"}, ("a",))
+    assert [(r["target"], r["ts"], r["before"], r["after"]) for r in outcome.rows] == [
+        ("vllm-1", 1002.0, 10, 3),
+        ("vllm-1", 1004.0, 8, 1),
+    ]
+    assert not outcome.passed
+    allowed = judge(recording, {"name": "r", "kind": "counter_resets", "run": "a", "allow": True}, ("a",))
+    assert allowed.passed and len(allowed.rows) == 2
+
+
+def test_no_resets_is_one_passing_row(recording):
+    recording.add("a", "kv.store.put.bytes", [0, 10, 20], tier="dram")
+    outcome = judge(recording, {"name": "r", "kind": "counter_resets", "run": "a"}, ("a",))
+    assert outcome.passed and len(outcome.rows) == 1 and outcome.rows[0]["target"] is None
+
+
+# ------------------------------------------------------------------------------------------------ tolerances
+
+
+@pytest.mark.parametrize(
+    ("b_total", "passed"),
+    [(1000, True), (1001, True), (999, True), (1001.01, False), (998.99, False)],
+)
+def test_parity_holds_up_to_the_tolerance_on_either_side(recording, b_total, passed):
+    recording.add("a", "kv.store.put.bytes", [0, 1000], tier="dram")
+    recording.add("b", "kv.store.put.bytes", [0, b_total], tier="dram")
+    outcome = judge(recording, parity(0.001))
+    assert outcome.passed is passed
+    assert outcome.rows[0]["relative_difference"] == pytest.approx((b_total - 1000) / 1000)
+
+
+def test_parity_sums_every_series_of_the_metric(recording):
+    """Replicated or not, what counts is the run's total: two tiers' puts in A against one in B."""
+    recording.add("a", "kv.store.put.bytes", [0, 600], tier="dram")
+    recording.add("a", "kv.store.put.bytes", [0, 400], tier="nof")
+    recording.add("b", "kv.store.put.bytes", [0, 1000], tier="dram")
+    assert judge(recording, parity(0.0)).passed
+
+
+def test_parity_against_a_run_that_did_no_work_fails_rather_than_dividing_by_zero(recording):
+    recording.add("a", "kv.store.put.bytes", [5, 5], tier="dram")
+    recording.add("b", "kv.store.put.bytes", [5, 5], tier="dram")
+    outcome = judge(recording, parity(0.5))
+    assert not outcome.passed and outcome.rows[0]["relative_difference"] is None
+
+
+def test_cross_source_agreement_within_tolerance(recording):
+    recording.add("a", "kv.tier.written.bytes", [0, 1000], tier="nof")
+    recording.add("a", "rdma.port.tx.bytes", [0, 600], device="mlx5_0", role="nof")
+    recording.add("a", "rdma.port.tx.bytes", [0, 420], device="mlx5_1", role="nof")
+    criterion = {
+        "name": "x",
+        "kind": "cross_source",
+        "run": "a",
+        "metric": {"name": "kv.tier.written.bytes", "where": {"tier": "nof"}},
+        "other": {"name": "rdma.port.tx.bytes", "where": {"role": "nof"}},
+    }
+    assert judge(recording, {**criterion, "tolerance": 0.02}, ("a",)).passed
+    assert not judge(recording, {**criterion, "tolerance": 0.01}, ("a",)).passed
+
+
+# ------------------------------------------------------------------------------------------------ gauges, tiers
+
+
+def test_a_gauge_that_moved_and_came_back_changed_by_max_minus_min(recording):
+    recording.add("a", "kv.tier.allocated.bytes", [5, 7, 5], kind="gauge", tier="nof")
+    default = {"name": "z", "kind": "zero_delta", "metric": "kv.tier.allocated.bytes", "run": "a"}
+    moved = judge(recording, default, ("a",))
+    assert (moved.rows[0]["delta"], moved.passed) == (2, False)
+    assert judge(recording, {**default, "measure": "last_minus_first"}, ("a",)).passed
+
+
+def test_positive_delta_fails_an_expected_tier_that_has_no_series_and_one_that_wrote_less_than_it_was_put(recording):
+    recording.add("a", "kv.tier.written.bytes", [0, 100], tier="dram")
+    recording.add("a", "kv.tier.written.bytes", [0, 50], tier="ssd")
+    recording.add("a", "kv.store.put.bytes", [0, 100], tier="dram")
+    recording.add("a", "kv.store.put.bytes", [0, 80], tier="ssd")
+    criterion = {
+        "name": "w",
+        "kind": "positive_delta",
+        "run": "a",
+        "expect": ["dram", "nof", "ssd"],
+        "consistent_with": "kv.store.put.bytes",
+    }
+    outcome = judge(recording, criterion, ("a",))
+    rows = {row["tier"]: (row["written"], row["logical"], row["passed"]) for row in outcome.rows}
+    assert rows == {"dram": (100, 100, True), "nof": (None, None, False), "ssd": (50, 80, False)}
+
+
+# ------------------------------------------------------------------------------------------------ missing inputs
+
+
+def test_a_metric_the_run_does_not_have_is_an_error_never_a_pass(recording):
+    recording.add("a", "kv.store.put.bytes", [0, 1], tier="dram")
+    with pytest.raises(CriteriaError, match=r"run 'a' has no series kv\.tier\.written\.bytes\{tier=nof\}"):
+        judge(
+            recording,
+            {
+                "name": "z",
+                "kind": "zero_delta",
+                "run": "a",
+                "metric": {"name": "kv.tier.written.bytes", "where": {"tier": "nof"}},
+            },
+            ("a",),
+        )
+
+
+def test_a_single_sample_cannot_show_a_delta(recording):
+    recording.add("a", "kv.tier.written.bytes", [7], tier="nof")
+    with pytest.raises(CriteriaError, match="fewer than 2 samples"):
+        judge(recording, {"name": "z", "kind": "zero_delta", "run": "a", "metric": "kv.tier.written.bytes"}, ("a",))
+
+
+def test_raw_and_normalized_series_are_told_apart(recording):
+    recording.add("a", "vllm:prefix_cache_hits", [0, 5], normalized=False)
+    with pytest.raises(CriteriaError, match="has no series"):
+        judge(recording, {"name": "z", "kind": "zero_delta", "run": "a", "metric": "vllm:prefix_cache_hits"}, ("a",))
+    raw = {"name": "vllm:prefix_cache_hits", "raw": True}
+    assert not judge(recording, {"name": "z", "kind": "zero_delta", "run": "a", "metric": raw}, ("a",)).passed
+
+
+def test_binding_checks_the_number_of_runs_and_their_names(recording):
+    recording.add("a", "kv.store.put.bytes", [0, 1], tier="dram")
+    spec = CriteriaFile.model_validate({"runs": ["x", "y"], "criteria": [parity() | {"runs": ["x", "y"]}]})
+    with pytest.raises(CriteriaError, match=r"compare 2 run\(s\) \(x, y\): pass --run 2 time\(s\), got 1"):
+        spec.bind(recording.db, ["a"])
+    with pytest.raises(VerifierError, match=r"no run named 'nope' \(runs recorded: a\)"):
+        spec.bind(recording.db, ["a", "nope"])
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("runs: [a]\ncriteria:\n  - {name: x, kind: median, metric: m, run: a}\n", "criteria.0"),
+        ("runs: [a]\ncriteria:\n  - {name: x, kind: zero_delta, metric: m, run: b}\n", "names run 'b', not one of"),
+        ("runs: [a]\ncriteria:\n  - {name: x, kind: parity, metric: m, runs: [a, a]}\n", "tolerance: Field required"),
+        ("runs: [a]\ncriteria: []\n", "criteria: List should have at least 1 item"),
+        ("runs: [a\n", "not valid YAML"),
+    ],
+)
+def test_criteria_files_that_do_not_validate_name_the_field(tmp_path, text, message):
+    path = tmp_path / "criteria.yaml"
+    path.write_text(text)
+    with pytest.raises(CriteriaError, match=message) as error:
+        load_criteria(path)
+    assert str(path) in str(error.value)
+
+
+def test_the_shipped_media_criteria_carry_the_published_tolerances():
+    from pathlib import Path
+
+    media = load_criteria(Path(__file__).resolve().parents[2] / "criteria" / "media.yaml")
+    by_name = {criterion.name: criterion for criterion in media.criteria}
+    assert media.runs == ["dram_only", "tiered"]
+    assert (by_name["save_parity"].tolerance, by_name["load_parity"].tolerance) == (0.001, 0.003)
+    assert by_name["nof_delta_zero"].run == "dram_only" and by_name["both_tiers_written"].expect == ["dram", "nof"]

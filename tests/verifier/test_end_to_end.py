@@ -1,0 +1,131 @@
+"""The verifier's acceptance, end to end through the CLI: embedded A/Bs recorded through the exporters (the
+`tierstore` source, its mapping, the scrape loop) into DuckDB, judged with the shipped media criteria."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+from typer.testing import CliRunner
+
+from kvscope.cli import app
+from kvscope.tierstore.planner import plan
+from kvscope.tierstore.scenario import load_scenario
+
+ROOT = Path(__file__).resolve().parents[2]
+MEDIA = ROOT / "criteria" / "media.yaml"
+runner = CliRunner()
+
+NOF = {"name": "nof", "capacity": "20GB", "policy": "lru", "read_bandwidth": "400Gb/s"}
+
+
+def scenario(dram_only: dict, rounds: int = 6, dram: str = "2GB") -> dict:
+    """A small multi-round chat; the DRAM-only arm's NoF pool is attached (idle) unless `dram_only` says more."""
+    return {
+        "name": "media",
+        "workload": {
+            "kind": "multi_round",
+            "sessions": 8,
+            "rounds": rounds,
+            "first_prompt_tokens": 2000,
+            "output_tokens": 1000,
+            "output_cached": True,
+        },
+        "kv": {"block_tokens": 16, "bytes_per_token": 2000},
+        "arms": {
+            "dram_only": {"tiers": [{"name": "dram", "capacity": dram, "policy": "lru"}], **dram_only},
+            "tiered": {"tiers": [{"name": "dram", "capacity": "200MB", "policy": "lru"}, NOF]},
+        },
+    }
+
+
+def record(tmp_path: Path, spec: dict) -> Path:
+    path, db = tmp_path / "scenario.yaml", tmp_path / "runs.duckdb"
+    path.write_text(yaml.safe_dump(spec))
+    result = runner.invoke(app, ["ab", "run", str(path), "--db", str(db)])
+    assert result.exit_code == 0, result.output
+    assert "recorded runs dram_only, tiered" in result.output
+    return db
+
+
+def verify(db: Path, criteria: Path, tmp_path: Path) -> tuple[int, dict]:
+    out = tmp_path / "verdicts.json"
+    result = runner.invoke(
+        app, ["verify", "--db", str(db), "--criteria", str(criteria), "--run", "dram_only", "--run", "tiered",
+              "--json", str(out)],
+    )  # fmt: skip
+    assert result.exit_code in (0, 1), result.output
+    return result.exit_code, json.loads(out.read_text())
+
+
+def by_name(report: dict) -> dict[str, dict]:
+    return {v["document"]["criterion"]["name"]: v["document"] for v in report["verdicts"]}
+
+
+def test_a_load_that_does_not_collapse_passes_the_four_published_criteria(tmp_path):
+    db = record(tmp_path, scenario({"attached": [NOF]}))
+    code, report = verify(db, MEDIA, tmp_path)
+    verdicts = by_name(report)
+    assert code == 0 and report["passed"]
+    assert set(verdicts) == {"save_parity", "load_parity", "nof_delta_zero", "both_tiers_written"}
+    assert all(v["passed"] for v in verdicts.values())
+    save = verdicts["save_parity"]["observed"][0]
+    assert save["a_value"] == save["b_value"] > 0  # the same saves, counted once per logical put in both arms
+    written = {row["tier"]: row for row in verdicts["both_tiers_written"]["observed"]}
+    assert set(written) == {"dram", "nof"} and written["nof"]["written"] >= written["nof"]["logical"] == 0
+    nof = verdicts["nof_delta_zero"]["observed"][0]
+    assert (nof["labels"]["tier"], nof["delta"], nof["samples"]) == ("nof", 0, 7)  # round 0 + 6 rounds, all 0 B
+
+
+def test_a_dram_only_store_that_also_writes_nof_fails_zero_delta_naming_the_bytes(tmp_path):
+    """The planted fault: the DRAM-only arm's NoF pool is in its write path (a misconfigured store)."""
+    db = record(tmp_path, scenario({"tiers": [{"name": "dram", "capacity": "2GB", "policy": "lru"}, NOF]}))
+    code, report = verify(db, MEDIA, tmp_path)
+    verdicts = by_name(report)
+    assert code == 1 and not report["passed"]
+    fault = verdicts["nof_delta_zero"]
+    assert not fault["passed"]
+    grew = fault["observed"][0]["delta"]
+    assert grew > 0 and fault["observed"][0]["labels"]["tier"] == "nof"
+    assert f"delta={int(grew):,} B" in fault["summary"]
+    assert verdicts["save_parity"]["passed"] and verdicts["both_tiers_written"]["passed"]  # only the fault fails
+
+
+def test_a_collapsing_dram_arm_fails_no_collapse_at_the_round_the_planner_predicted(tmp_path):
+    spec = scenario({"attached": [NOF]}, rounds=10, dram="100MB")
+    db = record(tmp_path, spec)
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    predicted = plan(load_scenario(tmp_path / "spec.yaml")).arms["dram_only"].collapse_round
+    assert predicted is not None and 1 < predicted < 10  # the scenario really collapses, mid-run
+    criteria = tmp_path / "collapse.yaml"
+    criteria.write_text(
+        yaml.safe_dump(
+            {
+                "runs": ["dram_only", "tiered"],
+                "criteria": [
+                    {"name": "dram_no_collapse", "kind": "no_collapse", "run": "dram_only"},
+                    {"name": "tiered_no_collapse", "kind": "no_collapse", "run": "tiered"},
+                    {"name": "tiered_bound", "kind": "ratio_to_bound", "run": "tiered", "threshold": 0.999},
+                ],
+            }
+        )
+    )
+    code, report = verify(db, criteria, tmp_path)
+    verdicts = by_name(report)
+    assert code == 1
+    dram = verdicts["dram_no_collapse"]
+    first_failed = next(row for row in dram["observed"] if not row["passed"])
+    assert first_failed["round"] == first_failed["streak_start"] == predicted
+    assert dram["summary"].startswith(f"collapsed in round {predicted}:")
+    assert [row["round"] for row in dram["observed"]] == list(range(1, 11))
+    assert verdicts["tiered_no_collapse"]["passed"] and verdicts["tiered_bound"]["passed"]
+
+
+def test_recording_refuses_a_run_name_already_in_the_file_before_simulating(tmp_path):
+    db = record(tmp_path, scenario({"attached": [NOF]}, rounds=2))
+    again = tmp_path / "again.yaml"
+    again.write_text(yaml.safe_dump(scenario({"attached": [NOF]}, rounds=2)))
+    result = runner.invoke(app, ["ab", "run", str(again), "--db", str(db)])
+    assert result.exit_code == 2
+    assert "a run named 'dram_only' is already recorded" in " ".join(result.output.split())

@@ -1,0 +1,118 @@
+"""Evidence: digests over document and samples, bundles that re-run from their own files, tampering named."""
+
+from __future__ import annotations
+
+import json
+
+import duckdb
+import pytest
+from typer.testing import CliRunner
+
+from kvscope.cli import app
+from kvscope.verifier.criteria import CriteriaFile, evaluate
+from kvscope.verifier.db import VerifierError
+from kvscope.verifier.evidence import check_bundle, digest, export_bundle, record_verdict, samples_of
+
+runner = CliRunner()
+CRITERIA = {
+    "runs": ["a", "b"],
+    "criteria": [
+        {"name": "save", "kind": "parity", "metric": "kv.store.put.bytes", "runs": ["a", "b"], "tolerance": 0.01},
+        {"name": "idle", "kind": "zero_delta", "run": "a", "metric": {"name": "kv.tier.allocated.bytes"}},
+    ],
+}
+
+
+@pytest.fixture
+def bundle(recording, tmp_path):
+    recording.add("a", "kv.store.put.bytes", [0, 500, 1000], tier="dram")
+    recording.add("b", "kv.store.put.bytes", [0, 400, 1004], tier="dram")
+    recording.add("a", "kv.tier.allocated.bytes", [0, 0, 0], kind="gauge", tier="nof")
+    spec = CriteriaFile.model_validate(CRITERIA)
+    runs = spec.bind(recording.db, ["a", "b"])
+    verdicts = [record_verdict(recording.db, evaluate(recording.db, c, runs), runs) for c in spec.criteria]
+    assert [v.passed for v in verdicts] == [True, True]
+    return export_bundle(recording.db, [], tmp_path / "bundle")
+
+
+def rewrite_manifest(bundle, change) -> None:
+    path = bundle / "evidence.json"
+    data = json.loads(path.read_text())
+    change(data["verdicts"][0])
+    path.write_text(json.dumps(data))
+
+
+def test_an_untouched_bundle_checks_out(bundle):
+    report = check_bundle(bundle)
+    assert (report.ok, report.checked, report.problems) == (True, 2, [])
+    result = runner.invoke(app, ["evidence", "check", str(bundle)])
+    assert result.exit_code == 0 and "2 verdict(s) recomputed" in result.output
+
+
+def test_the_digest_covers_the_document_and_the_samples_it_read(recording, bundle):
+    verdict = json.loads((bundle / "evidence.json").read_text())["verdicts"][0]
+    document = verdict["document"]
+    samples = samples_of(recording.db.con, [s["series_id"] for s in document["series"]])
+    assert digest(document, samples) == verdict["digest"]
+    assert document["sample_count"] == len(samples["ts"]) == 6
+    samples["value"][-1] += 1
+    assert digest(document, samples) != verdict["digest"]
+    assert "increase" in document["sql"] and document["duckdb_version"] == duckdb.__version__
+
+
+def test_an_edited_sample_is_caught_by_digest_and_by_the_rerun(bundle):
+    parquet = bundle / "samples.parquet"
+    with duckdb.connect() as con:
+        con.execute(
+            f"COPY (SELECT series_id, ts, CASE WHEN value = 1004 THEN 2000 ELSE value END AS value "
+            f"FROM read_parquet('{parquet}')) TO '{bundle}/edited.parquet' (FORMAT parquet)"
+        ).fetchall()
+    (bundle / "edited.parquet").replace(parquet)
+    problems = check_bundle(bundle).problems
+    assert any("verdict 1 (save): digest mismatch" in p for p in problems)
+    assert any("verdict 1 (save): recorded pass, the samples say otherwise" in p for p in problems)
+    result = runner.invoke(app, ["evidence", "check", str(bundle)])
+    assert result.exit_code == 1 and "tampered" in result.output
+
+
+def test_an_edited_verdict_is_caught_even_when_its_digest_is_recomputed(recording, bundle):
+    """A forger who flips the verdict and the numbers, then re-digests, still loses to the re-run SQL."""
+
+    def forge(verdict: dict) -> None:
+        document = verdict["document"]
+        document["observed"][0]["b_value"] = 1000
+        samples = samples_of(recording.db.con, [s["series_id"] for s in document["series"]])
+        verdict["digest"] = digest(document, samples)
+
+    rewrite_manifest(bundle, forge)
+    assert check_bundle(bundle).problems == [
+        "verdict 1 (save): re-running its SQL gives different rows than the evidence records"
+    ]
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda v: v["document"].__setitem__("sql", v["document"]["sql"].replace("0.01", "0.5")),
+        lambda v: v["document"]["threshold"].__setitem__("relative_tolerance", 0.5),
+        lambda v: v["document"]["series"][0]["labels"].__setitem__("tier", "nof"),
+    ],
+    ids=["sql", "threshold", "labels"],
+)
+def test_any_edit_of_the_document_breaks_its_digest(bundle, edit):
+    rewrite_manifest(bundle, edit)
+    assert any("digest mismatch" in p for p in check_bundle(bundle).problems)
+
+
+def test_a_bundle_missing_its_samples_is_not_a_bundle(bundle):
+    (bundle / "samples.parquet").unlink()
+    with pytest.raises(VerifierError, match=r"samples\.parquet is missing"):
+        check_bundle(bundle)
+
+
+def test_recording_the_same_verdict_twice_gives_the_same_digest(recording, bundle):
+    spec = CriteriaFile.model_validate(CRITERIA)
+    runs = spec.bind(recording.db, ["a", "b"])
+    again = record_verdict(recording.db, evaluate(recording.db, spec.criteria[0], runs), runs)
+    first = json.loads((bundle / "evidence.json").read_text())["verdicts"][0]
+    assert again.digest == first["digest"] and again.verdict_id == 3
