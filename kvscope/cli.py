@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvscope import __version__
@@ -17,6 +18,8 @@ ab_app = typer.Typer(help="A/B tests of tier layouts on the embedded tiered stor
 app.add_typer(ab_app, name="ab")
 evidence_app = typer.Typer(help="Evidence bundles an auditor re-runs.", no_args_is_help=True)
 app.add_typer(evidence_app, name="evidence")
+import_app = typer.Typer(help="Import recorded counters into the verifier database.", no_args_is_help=True)
+app.add_typer(import_app, name="import")
 
 console = Console()
 if not console.is_terminal:  # piped or captured: keep the per-round table on one line per round
@@ -30,7 +33,7 @@ DbPath = Annotated[Path, typer.Option("--db", help="the verifier's DuckDB file (
 
 def _fail(message: object) -> typer.Exit:
     """Print an input error (it names the file, field and reason) and return the exit to raise: code 2."""
-    errors.print(f"[red]error:[/red] {message}", highlight=False)
+    errors.print(f"[red]error:[/red] {escape(str(message))}", highlight=False)
     return typer.Exit(2)
 
 
@@ -334,3 +337,58 @@ def evidence_check(bundle: Annotated[Path, typer.Argument(help="a bundle directo
     if report.ok:
         console.print(f"{bundle}: {report.checked} verdict(s) recomputed; digests and verdicts match")
     raise typer.Exit(0 if report.ok else 1)
+
+
+@import_app.command("prometheus")
+def import_prometheus_command(
+    url: Annotated[
+        str, typer.Option("--url", help="Prometheus, Mimir or Thanos base URL (user:password@ for basic auth)")
+    ],
+    selectors: Annotated[list[str], typer.Option("--selector", help="PromQL series selector; repeat for more")],
+    db: DbPath,
+    run: Annotated[str, typer.Option("--run", help="name of the new run")],
+    start: Annotated[
+        str | None, typer.Option("--start", help="unix seconds or RFC3339 (default: --end minus --last)")
+    ] = None,
+    end: Annotated[str | None, typer.Option("--end", help="unix seconds or RFC3339 (default: now)")] = None,
+    last: Annotated[str, typer.Option("--last", help="window length when --start is not given (30m, 1h, 2d)")] = "1h",
+    step: Annotated[str, typer.Option("--step", help="resolution: at or below the scrape interval (15s, 1m)")] = "15s",
+    arm: Annotated[str | None, typer.Option("--arm", help="the A/B arm this window is")] = None,
+    cluster: Annotated[str | None, typer.Option("--cluster", help="the cluster the data comes from")] = None,
+    bearer_token: Annotated[
+        str | None, typer.Option("--bearer-token", envvar="KVSCOPE_PROMETHEUS_TOKEN", help="Authorization: Bearer")
+    ] = None,
+) -> None:
+    """Import series from a Prometheus server's HTTP API (query_range) as a new run of the verifier database.
+
+    Exit 1 when the server or its data fail the import, 2 for bad options.
+    """
+    import time
+
+    from kvscope.units import parse_duration
+    from kvscope.verifier.db import Database
+    from kvscope.verifier.promimport import PrometheusImportError, import_prometheus, parse_time
+
+    try:
+        end_s = time.time() if end is None else parse_time(end)
+        start_s = end_s - parse_duration(last) if start is None else parse_time(start)
+        step_s = parse_duration(step)
+        with Database(db) as database:
+            summary = import_prometheus(
+                database, url, selectors, start_s, end_s, step_s, run, arm, cluster, bearer_token=bearer_token
+            )
+    except PrometheusImportError as error:
+        errors.print(f"[red]error:[/red] {escape(str(error))}", highlight=False)
+        raise typer.Exit(1) from None
+    except ValueError as error:  # bad options, an existing --run, an unusable --db (VerifierError is one)
+        raise _fail(error) from None
+    for selector in summary.empty_selectors:
+        errors.print(f"[yellow]warning:[/yellow] {escape(repr(selector))} matched no series", highlight=False)
+    for warning in summary.warnings:
+        errors.print(f"[yellow]warning:[/yellow] Prometheus: {escape(warning)}", highlight=False)
+    console.print(
+        f"run {summary.run!r}: {summary.samples:,} samples of {summary.series} series in {summary.requests} requests "
+        f"({summary.skipped_nonfinite} NaN/Inf skipped, {summary.duplicate_series} series matched twice)",
+        highlight=False,
+        markup=False,
+    )

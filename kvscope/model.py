@@ -55,3 +55,29 @@ INSTRUMENTS: dict[str, Instrument] = {
         Instrument("storage.bdev.latency", "counter", "s", (*_BDEV, "op"), "time spent in I/O on the block device"),
     )
 }
+
+# The units INSTRUMENTS use, as the OpenTelemetry Prometheus exporter spells them in a metric name (it follows the
+# OpenTelemetry spec's table); an annotation such as `{token}` adds nothing.
+_PROMETHEUS_UNITS = {"By": "bytes", "s": "seconds"}
+
+
+def prometheus_name(instrument: Instrument) -> str:
+    """The name of `instrument`'s samples in Prometheus (kv.store.put.bytes -> kv_store_put_bytes_total)."""
+    name = instrument.name.replace(".", "_")
+    if instrument.unit.startswith("{") and instrument.unit.endswith("}"):
+        unit = ""
+    elif instrument.unit in _PROMETHEUS_UNITS:
+        unit = _PROMETHEUS_UNITS[instrument.unit]
+    else:
+        raise ValueError(f"{instrument.name}: no Prometheus spelling for unit {instrument.unit!r}; add it here")
+    if unit and not name.endswith(f"_{unit}"):
+        name = f"{name}_{unit}"
+    return f"{name}_total" if instrument.kind == "counter" else name
+
+
+_BY_PROMETHEUS_NAME = {prometheus_name(instrument): instrument for instrument in INSTRUMENTS.values()}
+
+
+def instrument_for_prometheus_name(name: str) -> Instrument | None:
+    """The model instrument whose Prometheus samples are called `name`, or None for any other series."""
+    return _BY_PROMETHEUS_NAME.get(name)
