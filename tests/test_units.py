@@ -47,7 +47,9 @@ def test_format_bytes():
     assert format_bytes(999) == "999 B"
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("90", 90.0), (90, 90.0), ("250ms", 0.25), ("5m", 300.0), ("1.5h", 5400.0)])
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("90", 90.0), (90, 90.0), ("250ms", 0.25), ("5m", 300.0), ("1.5h", 5400.0)]
+)
 def test_durations_in_prometheus_units(text, seconds):
     assert parse_duration(text) == seconds
 
