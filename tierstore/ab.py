@@ -70,6 +70,61 @@ class _RoundTally:
         self.ttft_s.append(served.ttft_s)
 
 
+class ArmRun:
+    """One arm being served a round at a time: `run_arm` drives it to the end, the service interleaves arms.
+
+    With `published_as`, the arm's engine is published under that name for the `tierstore` exporter source.
+    """
+
+    def __init__(
+        self,
+        scenario: spec.Scenario,
+        name: str,
+        the_plan: Plan,
+        workdir: Path | None = None,
+        published_as: str | None = None,
+    ) -> None:
+        self.scenario, self.name, self.plan = scenario, name, the_plan
+        self.store = build_store(scenario.arms[name], scenario.block_bytes, name, workdir)
+        self.engine = build_engine(scenario, self.store)
+        if published_as:
+            ENGINES.publish(published_as, self.engine)
+        gpu = [self.engine.gpu_cache] if self.engine.gpu_cache else []
+        self._tiers = gpu + self.store.tiers + self.store.attached
+        self._rounds = enumerate(make_workload(scenario).rounds())
+        self._before = _snapshot(self._tiers)
+        self.rows: list[dict] = []
+
+    def step(self) -> dict | None:
+        """Serve the next round; its row, or None when every round has been served."""
+        index, requests = next(self._rounds, (None, None))
+        if index is None:
+            return None
+        engine, planned = self.engine, self.plan.rounds[index]
+        tally = _RoundTally()
+        for request in requests:
+            tally.add(engine.serve(request))
+        engine.counters.rounds += 1
+        engine.counters.bound_hit_tokens += planned.ideal_hit_tokens
+        after = _snapshot(self._tiers)
+        row = _round_row(index + 1, tally, planned.ideal_hit_ratio, self._before, after)
+        self._before = after
+        self.rows.append(row)
+        return row
+
+    def result(self) -> dict:
+        """The arm's object of the contract, for the rounds served so far."""
+        return {
+            "rounds": self.rows,
+            "totals": _totals(self.rows, _snapshot(self._tiers)),
+            "prediction": self.plan.arm_json(self.name),
+            "observed_collapse_round": observed_collapse_round(self.rows, self.scenario.prediction.collapse_tolerance),
+        }
+
+    def close(self) -> None:
+        self.store.close()
+
+
 def run_arm(
     scenario: spec.Scenario,
     name: str,
@@ -84,37 +139,16 @@ def run_arm(
     With `publish`, the arm's engine is published as "<scenario>/<arm>" for the `tierstore` exporter source;
     `on_start(arm)` runs once it is published, before the first request (a recorder's round-0 scrape).
     """
-    store = build_store(scenario.arms[name], scenario.block_bytes, name, workdir)
-    engine = build_engine(scenario, store)
-    if publish:
-        ENGINES.publish(f"{scenario.name}/{name}", engine)
-    if on_start:
-        on_start(name)
-    engine_tiers = ([engine.gpu_cache] if engine.gpu_cache else []) + store.tiers + store.attached
-    rows = []
+    arm = ArmRun(scenario, name, the_plan, workdir, f"{scenario.name}/{name}" if publish else None)
     try:
-        before = _snapshot(engine_tiers)
-        for index, requests in enumerate(make_workload(scenario).rounds()):
-            tally = _RoundTally()
-            for request in requests:
-                tally.add(engine.serve(request))
-            engine.counters.rounds += 1
-            engine.counters.bound_hit_tokens += the_plan.rounds[index].ideal_hit_tokens
-            after = _snapshot(engine_tiers)
-            row = _round_row(index + 1, tally, the_plan.rounds[index].ideal_hit_ratio, before, after)
-            rows.append(row)
-            before = after
+        if on_start:
+            on_start(name)
+        while (row := arm.step()) is not None:
             if on_round:
                 on_round(name, row)
     finally:
-        store.close()
-    observed = observed_collapse_round(rows, scenario.prediction.collapse_tolerance)
-    return {
-        "rounds": rows,
-        "totals": _totals(rows, _snapshot(engine_tiers)),
-        "prediction": the_plan.arm_json(name),
-        "observed_collapse_round": observed,
-    }
+        arm.close()
+    return arm.result()
 
 
 def run_ab(

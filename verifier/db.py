@@ -9,6 +9,7 @@ batch and no duplicated sample.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
@@ -58,7 +59,21 @@ class Database:
         except duckdb.Error as error:
             raise VerifierError(f"{self.path}: cannot open as a DuckDB database: {error}") from None
         if not read_only:
-            migrate(self.con, self.path)
+            try:
+                migrate(self.con, self.path)
+            except BaseException:
+                self.con.close()  # a refused file must not stay locked while the error is handled
+                raise
+        self._series_ids = _SeriesIds(self.con)
+
+    def cursor(self) -> Database:
+        """The same database for another thread: its own DuckDB cursor, the same series id allocator."""
+        sibling = object.__new__(Database)
+        sibling.path, sibling.con, sibling._series_ids = self.path, self.con.cursor(), self._series_ids
+        return sibling
+
+    def new_series_id(self) -> int:
+        return self._series_ids.next()
 
     def close(self) -> None:
         self.con.close()
@@ -138,6 +153,19 @@ class Database:
 SeriesKey = tuple[str, str, str, Labels, bool]  # target, source, name, labels, normalized
 
 
+class _SeriesIds:
+    """Series ids for every writer of one database (writers of concurrent runs must not hand out the same id)."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        (self._last,) = run_sql(con, "SELECT coalesce(max(series_id), 0) FROM series")[0]
+        self._lock = threading.Lock()
+
+    def next(self) -> int:
+        with self._lock:
+            self._last += 1
+            return self._last
+
+
 class SampleWriter:
     """Appends a run's samples in batches of `batch_rows` (and on `flush()`), never row at a time.
 
@@ -149,8 +177,6 @@ class SampleWriter:
     def __init__(self, db: Database, run: Run, batch_rows: int) -> None:
         self.db, self.run, self.batch_rows = db, run, batch_rows
         self._series: dict[SeriesKey, int] = dict(self._known_series())
-        (last_id,) = run_sql(db.con, "SELECT coalesce(max(series_id), 0) FROM series")[0]
-        self._next_series_id = last_id + 1
         self._new_series: list[tuple] = []
         self._ids, self._ts, self._values = array("i"), array("d"), array("d")
         self.rows_written = 0
@@ -169,8 +195,7 @@ class SampleWriter:
         key = (target, sample.source, sample.name, sample.labels, sample.normalized)
         found = self._series.get(key)
         if found is None:
-            found = self._series[key] = self._next_series_id
-            self._next_series_id += 1
+            found = self._series[key] = self.db.new_series_id()
             labels = canonical_json(dict(sample.labels))
             self._new_series.append(
                 (found, self.run.run_id, target, sample.source, sample.name, sample.kind, sample.normalized, labels)
@@ -226,6 +251,7 @@ class SampleWriter:
             con.commit()
         except BaseException:
             con.rollback()
+            del pending, ts  # a traceback kept by the caller must not pin the buffers: append() could not grow them
             raise
         del pending, ts
         self._new_series.clear()

@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from kvscope.exporters.base import TargetConfig
@@ -34,8 +36,8 @@ class _Sink:
         if not state.up:  # a failed scrape keeps the previous samples on its state: nothing new to record
             return
         name = state.config.name
-        self.writer.append(name, state.scraped_at, state.raw)
-        self.writer.append(name, state.scraped_at, state.normalized)
+        # one append per scrape: a batch filled by size must not commit the raw half without the normalized half
+        self.writer.append(name, state.scraped_at, [*state.raw, *state.normalized])
         if time.monotonic() - self._flushed_at >= self.flush_s:
             self.flush()
 
@@ -86,52 +88,64 @@ async def record(
     return recorded
 
 
-class ABRecorder:
-    """Records an embedded A/B through the `tierstore` exporter source: one run per arm, named after the arm.
+@dataclass
+class _ArmRecording:
+    run: Run
+    writer: SampleWriter
+    scraper: Scraper
+    target: str
 
-    Pass `arm_started` and `round_done` to `run_ab(..., publish=True)`, then call `finish()`: each call takes one
-    scrape of the arm's published engine (raw and normalized, as any exporter target) and commits it, so a killed
-    A/B keeps every round it finished.
+
+class ABRecorder:
+    """Records an embedded A/B through the `tierstore` exporter source: one run per arm, `<prefix><arm>`.
+
+    `arm_started(arm)` opens the arm's run and takes its round-0 scrape, `round_done(arm, row)` one scrape per
+    round (raw and normalized, as any exporter target), each committed at once so a killed A/B keeps every round
+    it finished; `finish()` closes every arm. Arms may be recorded one after the other or interleaved.
     """
 
-    def __init__(self, db: Database, scenario: spec.Scenario, source: Path | None = None) -> None:
+    def __init__(
+        self,
+        db: Database,
+        scenario: spec.Scenario,
+        source: Path | None = None,
+        prefix: str = "",
+        store_names: Callable[[str], str] | None = None,
+    ) -> None:
+        self.prefix = prefix
         for arm in scenario.arms:  # refuse before simulating anything
-            db.require_new_run(arm)
+            db.require_new_run(prefix + arm)
         self.db, self.scenario, self.source = db, scenario, source
+        self._store_name = store_names or (lambda arm: f"{scenario.name}/{arm}")
         self.runs: list[Run] = []
-        self._current: tuple[Run, SampleWriter, Scraper, str] | None = None
+        self._arms: dict[str, _ArmRecording] = {}
 
     def arm_started(self, arm: str) -> None:
-        self.finish()
-        target = TierstoreTargetConfig(
-            name=f"tierstore-{arm}", source="tierstore", stores=[f"{self.scenario.name}/{arm}"]
-        )
+        target = TierstoreTargetConfig(name=f"tierstore-{arm}", source="tierstore", stores=[self._store_name(arm)])
         config = {"scenario": self.scenario.model_dump(mode="json"), "scenario_file": str(self.source or "")}
         run, writer = _start_run(
-            self.db, arm, [target], origin="ab", arm=arm, scenario=self.scenario.name, config=config
+            self.db, self.prefix + arm, [target], origin="ab", arm=arm, scenario=self.scenario.name, config=config
         )
         scraper = Scraper([target], on_scrape=_Sink(writer, flush_s=float("inf")))
-        self._current = (run, writer, scraper, target.name)
+        self._arms[arm] = _ArmRecording(run, writer, scraper, target.name)
         self.runs.append(run)
-        self._scrape()
+        self._scrape(arm)
 
-    def round_done(self, _arm: str, _row: dict) -> None:
-        self._scrape()
+    def round_done(self, arm: str, _row: dict) -> None:
+        self._scrape(arm)
 
     def finish(self) -> None:
-        """Close the arm being recorded, if any (its last round is already committed)."""
-        if self._current is None:
-            return
-        run, _, scraper, _ = self._current
-        asyncio.run(scraper.close())
-        self.db.finish_run(run)
-        self._current = None
+        """Close every arm being recorded (each round is already committed)."""
+        for recording in self._arms.values():
+            asyncio.run(recording.scraper.close())
+            self.db.finish_run(recording.run)
+        self._arms.clear()
 
-    def _scrape(self) -> None:
-        if self._current is None:
-            raise RuntimeError("ABRecorder: a round finished before its arm started")
-        _, writer, scraper, target = self._current
-        state = asyncio.run(scraper.scrape(target))
+    def _scrape(self, arm: str) -> None:
+        recording = self._arms.get(arm)
+        if recording is None:
+            raise RuntimeError(f"ABRecorder: arm {arm!r} finished a round before it started")
+        state = asyncio.run(recording.scraper.scrape(recording.target))
         if not state.up:
             raise RuntimeError(f"recording the A/B: {state.last_error}")
-        writer.flush()
+        recording.writer.flush()

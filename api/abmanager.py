@@ -1,0 +1,238 @@
+"""Live A/B tests on the embedded store: each in a background thread, its arms interleaved round by round.
+
+Every arm's engine is published (so the service's exporter endpoint and Prometheus see it live) and recorded
+through the exporters into the verifier database as run `<ab id>/<arm>`, one commit per round. Rounds can be
+paced in wall-clock time so people can watch. When every arm has finished, the criteria run and their verdicts
+attach to the test; a stopped test keeps everything recorded up to its last round.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from kvscope.api.alerts import PREDICTED, AlertBook, ArmWatch, evaluate_round
+from kvscope.tierstore.ab import ArmRun
+from kvscope.tierstore.planner import Plan, plan
+from kvscope.tierstore.scenario import Scenario
+from kvscope.verifier.criteria import CriteriaError, CriteriaFile, evaluate, load_criteria
+from kvscope.verifier.db import Database
+from kvscope.verifier.evidence import record_verdict
+from kvscope.verifier.recorder import ABRecorder
+
+Status = Literal["running", "finished", "stopped", "failed"]
+
+
+@dataclass
+class ArmState:
+    run: str
+    prediction: dict
+    rows: list[dict] = field(default_factory=list)
+    observed_collapse_round: int | None = None
+
+
+@dataclass
+class ABTest:
+    id: str
+    scenario: Scenario
+    rounds_per_minute: float | None
+    status: Status = "running"
+    started_at: float = field(default_factory=time.time)
+    ended_at: float | None = None
+    error: str | None = None
+    arms: dict[str, ArmState] = field(default_factory=dict)
+    verdicts: list[dict] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+    def as_json(self, rows: bool = True) -> dict:
+        total = self.scenario_rounds()
+        return {
+            "id": self.id,
+            "scenario": self.scenario.name,
+            "status": self.status,
+            "rounds_per_minute": self.rounds_per_minute,
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+            "error": self.error,
+            "rounds": total,
+            "arms": {
+                name: {
+                    "run": arm.run,
+                    "rounds_done": len(arm.rows),
+                    "prediction": arm.prediction,
+                    "observed_collapse_round": arm.observed_collapse_round,
+                    **({"rows": arm.rows} if rows else {}),
+                }
+                for name, arm in self.arms.items()
+            },
+            "verdicts": self.verdicts,
+        }
+
+    def scenario_rounds(self) -> int:
+        from kvscope.tierstore.workloads import make_workload
+
+        return make_workload(self.scenario).round_count
+
+
+class ABManager:
+    def __init__(
+        self,
+        db: Database,
+        alerts: AlertBook,
+        workdir: Path,
+        criteria_files: list[Path] | None = None,
+    ) -> None:
+        self.db, self.alerts, self.workdir = db, alerts, workdir
+        self.criteria = [load_criteria(path) for path in criteria_files or []]  # bad files fail at start-up
+        self._tests: dict[str, ABTest] = {}
+        self._lock = threading.Lock()
+        self._ids = itertools.count(self._first_free_id())
+
+    def _first_free_id(self) -> int:
+        """A/B ids continue after the runs already in the database, so a restarted service never reuses one."""
+        taken = [run.name.split("/", 1)[0] for run in self.db.runs() if run.origin == "ab" and "/" in run.name]
+        numbers = [int(name[3:]) for name in taken if name.startswith("ab-") and name[3:].isdigit()]
+        return max(numbers, default=0) + 1
+
+    def start(self, scenario: Scenario, rounds_per_minute: float | None = None) -> ABTest:
+        """Plan the test, record its arms' round 0, and run the rest in a background thread."""
+        with self._lock:
+            test = ABTest(f"ab-{next(self._ids)}", scenario, rounds_per_minute)
+            self._tests[test.id] = test
+        the_plan = plan(scenario)
+        for name in scenario.arms:
+            test.arms[name] = ArmState(f"{test.id}/{name}", the_plan.arm_json(name))
+        test.thread = threading.Thread(target=self._run, args=(test, the_plan), name=test.id, daemon=True)
+        test.thread.start()
+        return test
+
+    def get(self, test_id: str) -> ABTest | None:
+        return self._tests.get(test_id)
+
+    def list(self) -> list[ABTest]:
+        with self._lock:
+            return list(self._tests.values())
+
+    def stop(self, test_id: str, timeout_s: float = 30.0) -> ABTest | None:
+        """Ask the test to stop after the round in progress, and wait for it to close its runs."""
+        test = self._tests.get(test_id)
+        if test is None:
+            return None
+        test.stop.set()
+        if test.thread:
+            test.thread.join(timeout_s)
+        return test
+
+    def shutdown(self) -> None:
+        for test in self.list():
+            self.stop(test.id)
+
+    # ------------------------------------------------------------------------------------------------ worker
+
+    def _run(self, test: ABTest, the_plan: Plan) -> None:
+        db = self.db.cursor()
+        arms: dict[str, ArmRun] = {}
+        recorder = None
+        try:
+            recorder = ABRecorder(db, test.scenario, prefix=f"{test.id}/", store_names=lambda arm: f"{test.id}/{arm}")
+            workdir = self.workdir / test.id
+            for name in test.scenario.arms:
+                arms[name] = ArmRun(test.scenario, name, the_plan, workdir, published_as=f"{test.id}/{name}")
+                recorder.arm_started(name)
+            self._predicted(test, the_plan, firing=True)
+            self._serve(test, arms, recorder)
+        except Exception as error:  # a failed test reports why; the service keeps running
+            test.status, test.error = "failed", f"{type(error).__name__}: {error}"
+            traceback.print_exc()
+        finally:
+            if recorder:
+                recorder.finish()
+            for arm in arms.values():
+                arm.close()
+            self._predicted(test, the_plan, firing=False)
+            test.ended_at = time.time()
+        if test.status == "running" and not test.stop.is_set():
+            test.verdicts = self._judge(db, test)  # before the status says finished: a poller sees both at once
+        if test.status == "running":
+            test.status = "stopped" if test.stop.is_set() else "finished"
+        db.con.close()
+
+    def _serve(self, test: ABTest, arms: dict[str, ArmRun], recorder: ABRecorder) -> None:
+        pause = 60.0 / test.rounds_per_minute if test.rounds_per_minute else 0.0
+        watches = {name: ArmWatch() for name in arms}
+        tolerance = test.scenario.prediction.collapse_tolerance
+        active = dict(arms)
+        while active and not test.stop.is_set():
+            for name, arm in list(active.items()):
+                row = arm.step()
+                if row is None:
+                    del active[name]
+                    continue
+                recorder.round_done(name, row)
+                state = test.arms[name]
+                state.rows.append(row)
+                state.observed_collapse_round = arm.result()["observed_collapse_round"]
+                top = arm.store.tiers[0]
+                labels = {"ab": test.id, "arm": name, "scenario": test.scenario.name, "tier": top.name}
+                evaluate_round(self.alerts, labels, watches[name], row, top.name, top.capacity, 1 - tolerance)
+            if active and pause:
+                test.stop.wait(pause)
+
+    def _predicted(self, test: ABTest, the_plan: Plan, firing: bool) -> None:
+        for name, prediction in the_plan.arms.items():
+            if prediction.collapse_round is None:
+                continue
+            labels = {"ab": test.id, "arm": name, "scenario": test.scenario.name}
+            summary = f"the planner predicts arm {name} collapses at round {prediction.collapse_round}"
+            self.alerts.set(
+                PREDICTED,
+                labels,
+                "firing" if firing else None,
+                summary,
+                value=float(prediction.collapse_round),
+                description=" ".join(prediction.explanation),
+            )
+
+    def _judge(self, db: Database, test: ABTest) -> list[dict]:
+        """Verdicts of the criteria whose roles are all arms of this test: no_collapse per arm, plus the
+        configured files (e.g. criteria/media.yaml when the arms are dram_only and tiered)."""
+        files = [_no_collapse_per_arm(test)]
+        files += [spec for spec in self.criteria if set(spec.runs) <= set(test.arms)]
+        verdicts = []
+        for spec in files:
+            runs = spec.bind(db, [test.arms[role].run for role in spec.runs])
+            for criterion in spec.criteria:
+                try:
+                    verdict = record_verdict(db, evaluate(db, criterion, runs), runs)
+                except CriteriaError as error:
+                    verdicts.append({"criterion": criterion.name, "passed": None, "error": str(error)})
+                    continue
+                verdicts.append(
+                    {
+                        "verdict_id": verdict.verdict_id,
+                        "criterion": verdict.criterion,
+                        "passed": verdict.passed,
+                        "summary": verdict.summary,
+                        "digest": verdict.digest,
+                    }
+                )
+        return verdicts
+
+
+def _no_collapse_per_arm(test: ABTest) -> CriteriaFile:
+    fraction = 1 - test.scenario.prediction.collapse_tolerance
+    return CriteriaFile.model_validate(
+        {
+            "runs": list(test.arms),
+            "criteria": [
+                {"name": f"{arm}_no_collapse", "kind": "no_collapse", "run": arm, "fraction": fraction}
+                for arm in test.arms
+            ],
+        }
+    )

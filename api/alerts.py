@@ -1,0 +1,153 @@
+"""Hit-rate-collapse alerts, predicted and live, with Prometheus' states: pending, firing, resolved.
+
+Rules (evaluated per round of an A/B arm, from the same rows the contract reports):
+- KVCacheCollapsePredicted: the planner says the arm collapses at round N (fires when the A/B starts, with N and
+  the arithmetic; resolves when the A/B ends).
+- KVCacheHitRateCollapse, the evict-recompute-rewrite loop:
+  - pending when collapse is imminent: the top tier's occupancy, grown by its last round's growth, would pass its
+    capacity next round (the predict_linear of a DRAM tier filling up);
+  - firing when the hit ratio is below `fraction` of its ideal (or, where no ideal is known, of its trailing peak)
+    while bytes written per round are not falling;
+  - resolved when that no longer holds.
+An alert is identified by its name and labels; every transition is stamped and passed to the subscribers
+(the Alertmanager forwarder).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+State = Literal["pending", "firing", "resolved"]
+COLLAPSE = "KVCacheHitRateCollapse"
+PREDICTED = "KVCacheCollapsePredicted"
+
+
+@dataclass
+class Alert:
+    name: str
+    labels: dict[str, str]
+    state: State
+    summary: str
+    description: str = ""
+    value: float | None = None
+    active_at: float = field(default_factory=time.time)  # when it went pending (or straight to firing)
+    fired_at: float | None = None
+    resolved_at: float | None = None
+
+    @property
+    def key(self) -> tuple:
+        return (self.name, tuple(sorted(self.labels.items())))
+
+    def as_json(self) -> dict:
+        return {
+            "name": self.name,
+            "labels": self.labels,
+            "state": self.state,
+            "summary": self.summary,
+            "description": self.description,
+            "value": self.value,
+            "active_at": self.active_at,
+            "fired_at": self.fired_at,
+            "resolved_at": self.resolved_at,
+        }
+
+
+class AlertBook:
+    """Every alert the service raised, by key; thread-safe; subscribers hear each transition."""
+
+    def __init__(self) -> None:
+        self._alerts: dict[tuple, Alert] = {}
+        self._lock = threading.Lock()
+        self.subscribers: list[Callable[[Alert], None]] = []
+
+    def list(self, state: str | None = None) -> list[Alert]:
+        with self._lock:
+            alerts = list(self._alerts.values())
+        return [a for a in alerts if state is None or a.state == state]
+
+    def active(self) -> list[Alert]:
+        return [a for a in self.list() if a.state in ("pending", "firing")]
+
+    def set(self, name: str, labels: dict[str, str], state: State | None, summary: str = "", **details) -> None:
+        """Move the alert `name{labels}` to `state` (None: the condition is gone), stamping the transition."""
+        key = (name, tuple(sorted(labels.items())))
+        now = time.time()
+        with self._lock:
+            alert = self._alerts.get(key)
+            current = alert.state if alert else None
+            if state is None:
+                if current == "firing":
+                    state = "resolved"
+                elif current == "pending":  # never fired: forget it, as Prometheus does
+                    del self._alerts[key]
+                    return
+                else:
+                    return
+            if current == state or (current == "firing" and state == "pending"):
+                if alert and summary:
+                    alert.summary, alert.value = summary, details.get("value", alert.value)
+                return
+            if alert is None or current == "resolved":
+                alert = self._alerts[key] = Alert(name, dict(labels), state, summary, active_at=now)
+            alert.state = state
+            alert.summary = summary or alert.summary
+            alert.description = details.get("description", alert.description)
+            alert.value = details.get("value", alert.value)
+            if state == "firing":
+                alert.fired_at = now
+            elif state == "resolved":
+                alert.resolved_at = now
+        for subscriber in self.subscribers:
+            subscriber(alert)
+
+
+@dataclass
+class ArmWatch:
+    """What the live rule remembers of one arm between rounds."""
+
+    peak_hit_ratio: float = 0.0
+    last_written: int | None = None
+    last_allocated: int | None = None
+
+
+def evaluate_round(
+    book: AlertBook, labels: dict[str, str], watch: ArmWatch, row: dict, top_tier: str, capacity: int, fraction: float
+) -> None:
+    """Apply KVCacheHitRateCollapse to an arm's newest round row (the A/B contract's per-round row)."""
+    written = sum(row["written_bytes"].values())
+    allocated = row["allocated_bytes"][top_tier]
+    ideal = row.get("ideal_hit_ratio")
+    reference = ideal if ideal else watch.peak_hit_ratio
+    writes_not_falling = watch.last_written is None or written >= watch.last_written
+    collapsed = reference > 0 and row["hit_ratio"] < fraction * reference and writes_not_falling
+    growth = allocated - watch.last_allocated if watch.last_allocated is not None else 0
+    imminent = growth > 0 and allocated + growth > capacity
+    watch.peak_hit_ratio = max(watch.peak_hit_ratio, row["hit_ratio"])
+    watch.last_written, watch.last_allocated = written, allocated
+    basis = "its ideal" if ideal else "its trailing peak"
+    if collapsed:
+        book.set(
+            COLLAPSE,
+            labels,
+            "firing",
+            f"round {row['round']}: hit ratio {row['hit_ratio']:.3f} < {fraction:g} x {basis} {reference:.3f} "
+            f"while {written:,} B were written",
+            value=row["hit_ratio"],
+            description="evict, recompute, rewrite: chain heads are being evicted faster than sessions return",
+        )
+    elif imminent:
+        book.set(
+            COLLAPSE,
+            labels,
+            "pending",
+            f"round {row['round']}: {top_tier} holds {allocated:,} of {capacity:,} B and grew {growth:,} B: "
+            "next round passes capacity",
+            value=allocated / capacity,
+            description="collapse imminent: the tier will start evicting within one round",
+        )
+    else:
+        book.set(COLLAPSE, labels, None)

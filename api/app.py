@@ -1,0 +1,113 @@
+"""The FastAPI application: routers per resource, the services started and stopped by the lifespan.
+
+`create_app(settings)` is what `kvscope serve` runs under uvicorn and what tests start on 127.0.0.1. The lifespan
+opens the verifier database, starts the A/B manager, and scrapes the published A/B engines (plus any configured
+clusters) into the KV-tier model, exported with the service's own metrics on `/metrics`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI
+from prometheus_client import REGISTRY, make_asgi_app
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from kvscope import __version__
+from kvscope.api.abmanager import ABManager
+from kvscope.api.alerts import AlertBook
+from kvscope.api.deps import Services
+from kvscope.api.routers import ab, alerts, dashboards, health, predict
+from kvscope.api.settings import Settings
+from kvscope.exporters.config import ExporterSettings, load_config
+from kvscope.exporters.otel import TelemetryBridge
+from kvscope.exporters.scrape import Scraper
+from kvscope.exporters.tierstore import TierstoreTargetConfig
+from kvscope.verifier.db import Database
+
+
+def _scraper(settings: Settings) -> Scraper:
+    """The published A/B engines, and the clusters of `settings.targets` when given."""
+    targets = [TierstoreTargetConfig(name="tierstore", source="tierstore", interval_s=settings.scrape_interval_s)]
+    if settings.targets:
+        targets += load_config(settings.targets).targets
+    return Scraper(targets)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        settings.db.parent.mkdir(parents=True, exist_ok=True)
+        db = Database(settings.db)
+        book = AlertBook()
+        services = Services(settings, db, book, ABManager(db, book, settings.workdir, settings.criteria))
+        app.state.services = services
+        scraper = _scraper(settings)
+        bridge = TelemetryBridge(scraper, ExporterSettings())
+        stop = asyncio.Event()
+        scraping = asyncio.create_task(scraper.run(stop))
+        try:
+            yield
+        finally:
+            stop.set()
+            await asyncio.to_thread(services.ab.shutdown)  # each test closes its runs: nothing recorded is lost
+            await scraping
+            await scraper.close()
+            bridge.shutdown()
+            db.close()
+
+    app = FastAPI(
+        title="kvscope",
+        version=__version__,
+        description="Live A/B tests of KV-cache tier layouts, hit-rate-collapse alerts and audit evidence.",
+        lifespan=lifespan,
+    )
+    for module in (health, predict, ab, alerts, dashboards):
+        app.include_router(module.router)
+    app.mount("/metrics", make_asgi_app(REGISTRY))
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    return app
+
+
+class BodyLimit:
+    """413 for request bodies over `max_bytes`, announced (Content-Length) or streamed."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await _too_large(send, self.max_bytes)
+            return
+        seen = 0
+
+        async def limited() -> dict:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:
+                raise _TooLarge
+            return message
+
+        try:
+            await self.app(scope, limited, send)
+        except _TooLarge:
+            await _too_large(send, self.max_bytes)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _too_large(send: Send, limit: int) -> None:
+    body = f'{{"detail":"request body larger than {limit} bytes"}}'.encode()
+    await send({"type": "http.response.start", "status": 413, "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,63 @@
+"""Dependencies: the running services, a database cursor per request, and the bearer token for mutations."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from kvscope.api.abmanager import ABManager
+from kvscope.api.alerts import AlertBook
+from kvscope.api.settings import Settings
+from kvscope.verifier.db import Database
+
+
+@dataclass
+class Services:
+    """What the lifespan starts and every request may use."""
+
+    settings: Settings
+    db: Database
+    alerts: AlertBook
+    ab: ABManager
+
+
+def services(request: Request) -> Services:
+    return request.app.state.services
+
+
+def settings(request: Request) -> Settings:
+    return request.app.state.services.settings
+
+
+def database(request: Request) -> Iterator[Database]:
+    """A cursor of the service's database for this request (DuckDB connections are not shared across threads)."""
+    cursor = request.app.state.services.db.cursor()
+    try:
+        yield cursor
+    finally:
+        cursor.con.close()
+
+
+_bearer = HTTPBearer(auto_error=False, description="the service's token (settings: KVSCOPE_TOKEN)")
+
+
+def require_token(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> None:
+    """Mutating endpoints need `Authorization: Bearer <token>`."""
+    expected = request.app.state.services.settings.token.get_secret_value()
+    if credentials is None or not secrets.compare_digest(credentials.credentials.encode(), expected.encode()):
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED, "a valid bearer token is required", headers={"WWW-Authenticate": "Bearer"}
+        )
+
+
+ServicesDep = Annotated[Services, Depends(services)]
+DatabaseDep = Annotated[Database, Depends(database)]
+SettingsDep = Annotated[Settings, Depends(settings)]
+Authorized = Depends(require_token)

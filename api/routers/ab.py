@@ -1,0 +1,54 @@
+"""Live A/B tests of tier layouts on the embedded store."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException, status
+from pydantic import BaseModel, ConfigDict, Field
+
+from kvscope.api.deps import Authorized, ServicesDep
+from kvscope.api.scenarios import accept
+from kvscope.tierstore.scenario import Scenario
+
+router = APIRouter(prefix="/api/v1/ab", tags=["ab"])
+
+
+class ABRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    scenario: Scenario
+    rounds_per_minute: float | None = Field(
+        None,
+        gt=0,
+        le=60_000,
+        description="pace rounds in wall-clock time so people can watch; as fast as possible when omitted",
+    )
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, dependencies=[Authorized])
+def start_ab(body: ABRequest, services: ServicesDep) -> dict:
+    """Start every arm of the scenario in the background; recorded into the database, exported live."""
+    test = services.ab.start(accept(body.scenario), body.rounds_per_minute)
+    return test.as_json(rows=False)
+
+
+@router.get("")
+def list_ab(services: ServicesDep) -> list[dict]:
+    return [test.as_json(rows=False) for test in services.ab.list()]
+
+
+@router.get("/{ab_id}")
+def get_ab(ab_id: str, services: ServicesDep) -> dict:
+    """Progress, the per-round rows of every arm (the A/B contract's rows), and the verdicts once it ended."""
+    test = services.ab.get(ab_id)
+    if test is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no A/B test {ab_id!r}")
+    return test.as_json()
+
+
+@router.delete("/{ab_id}", dependencies=[Authorized])
+def stop_ab(ab_id: str, services: ServicesDep) -> dict:
+    """Stop after the round in progress; everything recorded so far stays."""
+    test = services.ab.stop(ab_id)
+    if test is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no A/B test {ab_id!r}")
+    return test.as_json(rows=False)

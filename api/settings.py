@@ -1,0 +1,33 @@
+"""The service's settings: from the environment (KVSCOPE_*), a .env file, or `kvscope serve` options."""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="KVSCOPE_", env_file=".env", extra="ignore")
+
+    host: str = Field("127.0.0.1", description="address to bind; loopback unless you mean to expose it")
+    port: int = Field(8321, ge=0, le=65535)
+    db: Path = Field(Path("kvscope.duckdb"), description="the verifier database A/B runs are recorded into")
+    token: SecretStr = Field(
+        default_factory=lambda: SecretStr(secrets.token_urlsafe(24)),
+        description="bearer token for mutating endpoints; a random one is made (and printed) when unset",
+    )
+    max_body_bytes: int = Field(1_000_000, gt=0, description="request bodies larger than this get 413")
+    workdir: Path = Field(Path("out/ab"), description="folder for file-backend tiers of A/B tests")
+    criteria: list[Path] = Field(
+        default_factory=list, description="criteria files applied when an A/B ends, if its arms fill their roles"
+    )
+    targets: Path | None = Field(None, description="exporter configuration of live clusters to scrape and watch")
+    scrape_interval_s: float = Field(5.0, gt=0, description="how often the published A/B engines are scraped")
+    alertmanager_url: str | None = Field(None, description="forward alerts to this Alertmanager (/api/v2/alerts)")
+    alert_resend_s: float = Field(30.0, gt=0, description="re-send active alerts this often (Alertmanager expires)")
+    dashboards_dir: Path = Field(Path("dashboards"), description="generated Grafana dashboards (JSON)")
+    grafana_url: str | None = None
+    grafana_token: SecretStr | None = None
