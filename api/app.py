@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kvscope import __version__
 from kvscope.api.abmanager import ABManager
+from kvscope.api.alertmanager import AlertmanagerForwarder
 from kvscope.api.alerts import AlertBook
 from kvscope.api.deps import Services
 from kvscope.api.routers import ab, alerts, dashboards, health, predict
@@ -46,6 +47,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         book = AlertBook()
         services = Services(settings, db, book, ABManager(db, book, settings.workdir, settings.criteria))
         app.state.services = services
+        forwarder = None
+        if settings.alertmanager_url:
+            generator = f"http://{settings.host}:{settings.port}/api/v1/alerts"
+            forwarder = AlertmanagerForwarder(settings.alertmanager_url, book, settings.alert_resend_s, generator)
+            forwarder.start()
         scraper = _scraper(settings)
         bridge = TelemetryBridge(scraper, ExporterSettings())
         stop = asyncio.Event()
@@ -58,6 +64,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await scraping
             await scraper.close()
             bridge.shutdown()
+            if forwarder:
+                forwarder.stop()
             db.close()
 
     app = FastAPI(
