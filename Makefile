@@ -13,8 +13,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/kvscope predict examples/long_output.yaml
-	$(BIN)/kvscope ab run examples/long_output.yaml --json out/long_output.json --plot out/long_output.png
+	$(BIN)/kvscope demo
 
 test: $(STAMP)
 	$(BIN)/ruff check .

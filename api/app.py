@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from fastapi import FastAPI
-from prometheus_client import REGISTRY, make_asgi_app
+from prometheus_client import REGISTRY
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kvscope import __version__
@@ -20,6 +20,7 @@ from kvscope.api.abmanager import ABManager
 from kvscope.api.alertmanager import AlertmanagerForwarder
 from kvscope.api.alerts import AlertBook
 from kvscope.api.deps import Services
+from kvscope.api.metrics import RequestMetrics, ServiceCollector
 from kvscope.api.routers import ab, alerts, dashboards, health, predict
 from kvscope.api.settings import Settings
 from kvscope.exporters.config import ExporterSettings, load_config
@@ -37,7 +38,8 @@ def _scraper(settings: Settings) -> Scraper:
     return Scraper(targets)
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, on_started: Callable[[Services], None] | None = None) -> FastAPI:
+    """The service; `on_started(services)` runs once everything is up (the demo starts its A/B there)."""
     settings = settings or Settings()
 
     @contextlib.asynccontextmanager
@@ -47,6 +49,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         book = AlertBook()
         services = Services(settings, db, book, ABManager(db, book, settings.workdir, settings.criteria))
         app.state.services = services
+        collector = ServiceCollector(services)
+        REGISTRY.register(collector)
         forwarder = None
         if settings.alertmanager_url:
             generator = f"http://{settings.host}:{settings.port}/api/v1/alerts"
@@ -56,6 +60,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         bridge = TelemetryBridge(scraper, ExporterSettings())
         stop = asyncio.Event()
         scraping = asyncio.create_task(scraper.run(stop))
+        if on_started:
+            on_started(services)
         try:
             yield
         finally:
@@ -64,6 +70,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await scraping
             await scraper.close()
             bridge.shutdown()
+            REGISTRY.unregister(collector)
             if forwarder:
                 forwarder.stop()
             db.close()
@@ -76,8 +83,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     for module in (health, predict, ab, alerts, dashboards):
         app.include_router(module.router)
-    app.mount("/metrics", make_asgi_app(REGISTRY))
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(RequestMetrics)
     return app
 
 

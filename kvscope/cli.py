@@ -235,6 +235,7 @@ def record(
     from kvscope.units import parse_duration
     from kvscope.verifier.db import Database, VerifierError
     from kvscope.verifier.recorder import record as record_run
+    from kvscope.verifier.schema import SchemaError
 
     try:
         settings = load_config(config)
@@ -245,7 +246,7 @@ def record(
             count = database.con.execute(
                 "SELECT count(*) FROM samples JOIN series USING (series_id) WHERE run_id = ?", [recorded.run_id]
             ).fetchone()[0]
-    except (ConfigError, VerifierError, ValueError) as error:
+    except (ConfigError, VerifierError, SchemaError, ValueError) as error:
         raise _fail(error) from None
     console.print(f"run {run!r}: {count:,} samples recorded")
 
@@ -392,3 +393,72 @@ def import_prometheus_command(
         highlight=False,
         markup=False,
     )
+
+
+ServeHost = Annotated[str | None, typer.Option("--host", help="address to bind (default 127.0.0.1)")]
+ServePort = Annotated[int | None, typer.Option("--port", help="port (default 8321)")]
+ServeDb = Annotated[Path | None, typer.Option("--db", help="verifier database (default kvscope.duckdb)")]
+
+
+def _settings(host: str | None, port: int | None, db: Path | None, **more):
+    """Settings from the environment (KVSCOPE_*), overridden by the options given."""
+    from pydantic import ValidationError
+
+    from kvscope.api.settings import Settings
+
+    given = {"host": host, "port": port, "db": db, **more}
+    try:
+        return Settings(**{key: value for key, value in given.items() if value is not None})
+    except ValidationError as error:
+        raise _fail(error) from None
+
+
+def _serve(settings, on_started=None) -> None:
+    import uvicorn
+
+    from kvscope.api.app import create_app
+
+    base = f"http://{settings.host}:{settings.port}"
+    console.print(
+        f"kvscope service on {base}/ (API docs {base}/docs, metrics {base}/metrics)\n"
+        f"bearer token for POST/DELETE: {settings.token.get_secret_value()}\ndatabase: {settings.db}",
+        highlight=False,
+        markup=False,
+    )
+    uvicorn.run(create_app(settings, on_started), host=settings.host, port=settings.port, log_level="warning")
+
+
+@app.command()
+def serve(
+    host: ServeHost = None,
+    port: ServePort = None,
+    db: ServeDb = None,
+    criteria: Annotated[
+        list[Path] | None, typer.Option("--criteria", help="criteria files judged when an A/B ends (repeat)")
+    ] = None,
+    targets: Annotated[Path | None, typer.Option("--targets", help="exporter config of clusters to watch")] = None,
+) -> None:
+    """Run the service: live A/B tests, collapse alerts, evidence REST, the built-in page."""
+    _serve(_settings(host, port, db, criteria=criteria, targets=targets))
+
+
+@app.command()
+def demo(
+    scenario: Annotated[Path, typer.Option("--scenario", help="the A/B to run live")] = Path(
+        "examples/long_output.yaml"
+    ),
+    rounds_per_minute: Annotated[float, typer.Option("--rounds-per-minute", help="pace of the live A/B")] = 12.0,
+    host: ServeHost = None,
+    port: ServePort = None,
+    db: Annotated[Path, typer.Option("--db", help="verifier database")] = Path("out/demo.duckdb"),
+) -> None:
+    """The service with a live A/B already running (`make run`): watch the DRAM-only arm collapse on the page."""
+    spec = _load(scenario)
+    criteria = [path for path in [Path("criteria/media.yaml")] if path.exists()]
+    settings = _settings(host, port, db, criteria=criteria, scrape_interval_s=2.0)
+
+    def start_ab(services) -> None:
+        test = services.ab.start(spec, rounds_per_minute)
+        console.print(f"started A/B {test.id}: {scenario} at {rounds_per_minute:g} rounds a minute", highlight=False)
+
+    _serve(settings, start_ab)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from kvscope import __version__
 from kvscope.api.deps import ServicesDep
@@ -19,3 +20,9 @@ def healthz(services: ServicesDep) -> dict:
         "ab_running": running,
         "alerts_active": len(services.alerts.active()),
     }
+
+
+@router.get("/metrics", include_in_schema=False)
+def metrics() -> Response:
+    """The service's own metrics and the KV-tier model of everything it scrapes (A/B engines, clusters)."""
+    return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
