@@ -19,6 +19,7 @@ from kvscope import __version__
 from kvscope.api.abmanager import ABManager
 from kvscope.api.alertmanager import AlertmanagerForwarder
 from kvscope.api.alerts import AlertBook
+from kvscope.api.clusterwatch import ClusterWatch
 from kvscope.api.deps import Services
 from kvscope.api.metrics import RequestMetrics, ServiceCollector
 from kvscope.api.routers import ab, alerts, dashboards, health, predict
@@ -30,12 +31,12 @@ from kvscope.exporters.tierstore import TierstoreTargetConfig
 from kvscope.verifier.db import Database
 
 
-def _scraper(settings: Settings) -> Scraper:
-    """The published A/B engines, and the clusters of `settings.targets` when given."""
+def _scraper(settings: Settings, book: AlertBook) -> Scraper:
+    """The published A/B engines, and the clusters of `settings.targets` (watched for collapse) when given."""
     targets = [TierstoreTargetConfig(name="tierstore", source="tierstore", interval_s=settings.scrape_interval_s)]
     if settings.targets:
         targets += load_config(settings.targets).targets
-    return Scraper(targets)
+    return Scraper(targets, on_scrape=ClusterWatch(book))
 
 
 def create_app(settings: Settings | None = None, on_started: Callable[[Services], None] | None = None) -> FastAPI:
@@ -56,7 +57,7 @@ def create_app(settings: Settings | None = None, on_started: Callable[[Services]
             generator = f"http://{settings.host}:{settings.port}/api/v1/alerts"
             forwarder = AlertmanagerForwarder(settings.alertmanager_url, book, settings.alert_resend_s, generator)
             forwarder.start()
-        scraper = _scraper(settings)
+        scraper = _scraper(settings, book)
         bridge = TelemetryBridge(scraper, ExporterSettings())
         stop = asyncio.Event()
         scraping = asyncio.create_task(scraper.run(stop))

@@ -1,0 +1,171 @@
+"""Collapse alerts for live clusters, from what the exporters scrape (the A/B manager watches its own arms).
+
+Two rules, evaluated after every successful scrape of a target, on its normalized samples:
+- KVCacheCollapseImminent (predictive), per store system and tier: a least-squares line through the tier's
+  allocated bytes over the last `window_s` reaches `watermark` x capacity within `horizon_s` (Prometheus'
+  predict_linear). Firing while that holds.
+- KVCacheHitRateCollapse (live), per engine: the prefix-cache hit ratio over the last `window_s` fell below
+  `fraction` of its trailing peak while the cluster's bytes written per second are not falling: the
+  evict-recompute-rewrite loop. Pending on the first evaluation that sees it, firing on the next.
+Ratios are of increases (counter resets count from zero, as increase() does), never of lifetime counters.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+
+from kvscope.api.alerts import COLLAPSE, AlertBook
+from kvscope.exporters.scrape import TargetState
+
+IMMINENT = "KVCacheCollapseImminent"
+
+
+@dataclass
+class _Counter:
+    """A counter's reset-adjusted running total, sampled at scrape times."""
+
+    points: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=10_000))
+    last_raw: float | None = None
+    total: float = 0.0
+
+    def add(self, ts: float, value: float) -> None:
+        if self.last_raw is not None:
+            self.total += value if value < self.last_raw else value - self.last_raw
+        self.last_raw = value
+        self.points.append((ts, self.total))
+
+    def increase(self, since: float) -> float | None:
+        """Increase from the last point at or before `since` to now; None without a point that old."""
+        base = next((total for ts, total in reversed(self.points) if ts <= since), None)
+        return None if base is None or not self.points else self.points[-1][1] - base
+
+
+@dataclass
+class ClusterWatch:
+    book: AlertBook
+    window_s: float = 300.0
+    horizon_s: float = 1800.0
+    watermark: float = 0.95
+    fraction: float = 0.9
+    peak_s: float = 3600.0
+    _allocated: dict[tuple, deque] = field(default_factory=lambda: defaultdict(lambda: deque(maxlen=10_000)))
+    _capacity: dict[tuple, float] = field(default_factory=dict)
+    _counters: dict[tuple, _Counter] = field(default_factory=lambda: defaultdict(_Counter))
+    _ratios: dict[str, deque] = field(default_factory=lambda: defaultdict(lambda: deque(maxlen=10_000)))
+
+    def __call__(self, state: TargetState) -> None:
+        """The scrape loop's callback: fold in a successful scrape, then evaluate both rules."""
+        if not state.up or state.config.source == "tierstore":
+            return
+        now = state.scraped_at
+        engines, stores = set(), set()
+        for sample in state.normalized:
+            labels = dict(sample.labels)
+            if sample.name in ("kv.tier.allocated.bytes", "kv.tier.capacity.bytes"):
+                key = (labels.get("system", ""), labels.get("tier", ""))
+                stores.add(key)
+                if sample.name == "kv.tier.capacity.bytes":
+                    self._capacity[key] = sample.value
+                else:
+                    self._allocated[key].append((now, sample.value))
+            elif sample.name in ("kv.prefix.hit.tokens", "kv.prefix.query.tokens"):
+                if sample.name == "kv.prefix.query.tokens" and labels.get("layer") != "gpu":
+                    continue  # the external queries are the GPU misses: counting them too would double count
+                engine = labels.get("engine", state.config.name)
+                engines.add(engine)
+                self._counters[(sample.name, engine, labels.get("layer"))].add(now, sample.value)
+            elif sample.name == "kv.tier.written.bytes":
+                self._counters[("written", state.config.name, labels.get("system"), labels.get("tier"))].add(
+                    now, sample.value
+                )
+        for key in stores:
+            self._imminent(key, now)
+        writes_rising = self._writes_not_falling(now)
+        for engine in engines:
+            self._hit_rate(engine, now, writes_rising)
+
+    def _imminent(self, key: tuple[str, str], now: float) -> None:
+        capacity = self._capacity.get(key)
+        points = [(ts, value) for ts, value in self._allocated[key] if ts >= now - self.window_s]
+        labels = {"system": key[0], "tier": key[1]}
+        if not capacity or len(points) < 3:
+            return
+        slope, latest = _slope(points), points[-1][1]
+        limit = self.watermark * capacity
+        reaches = latest + slope * self.horizon_s >= limit and slope > 0
+        seconds = (limit - latest) / slope if slope > 0 else float("inf")
+        self.book.set(
+            IMMINENT,
+            labels,
+            "firing" if reaches else None,
+            f"{key[1]} of {key[0]} reaches {self.watermark:.0%} of capacity in {max(seconds, 0):.0f} s "
+            f"at {slope:,.0f} B/s",
+            value=max(seconds, 0.0),
+            description="occupancy growth extrapolated over the window: eviction of chain heads is about to start",
+        )
+
+    def _writes_not_falling(self, now: float) -> bool:
+        recent = self._written_increase(now - self.window_s, now)
+        before = self._written_increase(now - 2 * self.window_s, now - self.window_s)
+        if recent is None:
+            return False
+        return before is None or recent >= before
+
+    def _written_increase(self, start: float, end: float) -> float | None:
+        total, seen = 0.0, False
+        for key, counter in self._counters.items():
+            if key[0] != "written":
+                continue
+            at_end = next((t for ts, t in reversed(counter.points) if ts <= end), None)
+            at_start = next((t for ts, t in reversed(counter.points) if ts <= start), None)
+            if at_end is not None and at_start is not None:
+                total, seen = total + at_end - at_start, True
+        return total if seen else None
+
+    def _engine_increase(self, name: str, engine: str, now: float) -> float | None:
+        """An engine's increase of `name` over the window, summed over layers; None until the window is covered."""
+        since = now - self.window_s
+        return _sum_or_none(
+            [c.increase(since) for (n, e, *_), c in self._counters.items() if n == name and e == engine]
+        )
+
+    def _hit_rate(self, engine: str, now: float, writes_not_falling: bool) -> None:
+        hits, queries = (
+            self._engine_increase("kv.prefix.hit.tokens", engine, now),
+            self._engine_increase("kv.prefix.query.tokens", engine, now),
+        )
+        if hits is None or not queries:
+            return
+        ratio = hits / queries
+        history = self._ratios[engine]
+        history.append((now, ratio))
+        peak = max(r for ts, r in history if ts >= now - self.peak_s)
+        collapsed = peak > 0 and ratio < self.fraction * peak and writes_not_falling
+        labels = {"engine": engine}
+        current = next((a for a in self.book.active() if a.name == COLLAPSE and a.labels == labels), None)
+        state = None
+        if collapsed:
+            state = "firing" if current is not None else "pending"
+        self.book.set(
+            COLLAPSE,
+            labels,
+            state,
+            f"engine {engine}: hit ratio {ratio:.3f} over {self.window_s:.0f} s < {self.fraction:g} x its "
+            f"trailing peak {peak:.3f} while bytes written are not falling",
+            value=ratio,
+            description="evict, recompute, rewrite: the prefix cache is losing chain heads",
+        )
+
+
+def _sum_or_none(values: list[float | None]) -> float | None:
+    return None if not values or None in values else sum(values)  # type: ignore[arg-type]
+
+
+def _slope(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope of value over time (what predict_linear fits)."""
+    n = len(points)
+    mean_t = sum(ts for ts, _ in points) / n
+    mean_v = sum(v for _, v in points) / n
+    var = sum((ts - mean_t) ** 2 for ts, _ in points)
+    return sum((ts - mean_t) * (v - mean_v) for ts, v in points) / var if var else 0.0

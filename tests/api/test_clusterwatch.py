@@ -1,0 +1,99 @@
+"""Collapse alerts on live clusters, from scrapes of normalized samples worked out by hand."""
+
+from __future__ import annotations
+
+from kvscope.api.alerts import COLLAPSE, AlertBook
+from kvscope.api.clusterwatch import IMMINENT, ClusterWatch
+from kvscope.exporters.base import TargetConfig
+from kvscope.exporters.scrape import TargetState
+from kvscope.samples import Sample, labels_of
+
+GB = 1e9
+
+
+def scrape(ts: float, *samples: tuple[str, float, dict], source: str = "mooncake") -> TargetState:
+    state = TargetState(TargetConfig(name=f"{source}-0", source=source), up=True, scraped_at=ts)
+    kind = {"kv.tier.allocated.bytes": "gauge", "kv.tier.capacity.bytes": "gauge"}
+    state.normalized = [
+        Sample(source, name, labels_of(labels), value, kind.get(name, "counter"), True)
+        for name, value, labels in samples
+    ]
+    return state
+
+
+def occupancy(ts: float, allocated: float) -> TargetState:
+    tier = {"system": "mooncake", "tier": "dram"}
+    return scrape(ts, ("kv.tier.allocated.bytes", allocated, tier), ("kv.tier.capacity.bytes", 100 * GB, tier))
+
+
+def states(book: AlertBook, name: str) -> list[str]:
+    return [alert.state for alert in book.list() if alert.name == name]
+
+
+def test_occupancy_growing_into_capacity_within_the_horizon_fires_imminent():
+    book = AlertBook()
+    watch = ClusterWatch(book, window_s=300, horizon_s=600, watermark=0.95)
+    for minute in range(5):  # 50 GB growing 1 GB a minute: 95 GB in 45 minutes, beyond a 10-minute horizon
+        watch(occupancy(minute * 60.0, 50 * GB + minute * GB))
+    assert states(book, IMMINENT) == []
+    for minute in range(5, 10):  # now 10 GB a minute from 54 GB: 95 GB within 10 minutes
+        watch(occupancy(minute * 60.0, 54 * GB + (minute - 4) * 10 * GB))
+    (alert,) = book.list()
+    assert (alert.name, alert.state, alert.labels) == (IMMINENT, "firing", {"system": "mooncake", "tier": "dram"})
+    assert alert.value is not None and alert.value < 600
+    for minute in range(10, 16):  # eviction holds it flat under the watermark: resolved
+        watch(occupancy(minute * 60.0, 90 * GB))
+    assert states(book, IMMINENT) == ["resolved"]
+
+
+def engine_scrape(ts: float, hits: float, queries: float, written: float) -> list[TargetState]:
+    engine = {"engine": "vllm-0", "layer": "gpu"}
+    vllm = scrape(
+        ts, ("kv.prefix.hit.tokens", hits, engine), ("kv.prefix.query.tokens", queries, engine), source="vllm"
+    )
+    store = scrape(ts, ("kv.tier.written.bytes", written, {"system": "mooncake", "tier": "dram"}))
+    return [store, vllm]
+
+
+def test_a_hit_ratio_falling_while_writes_rise_goes_pending_then_firing_then_resolves():
+    book = AlertBook()
+    watch = ClusterWatch(book, window_s=120, fraction=0.9)
+    steady = [(800.0, 1000.0, 1 * GB)] * 6
+    collapse = [(200.0, 1000.0, 3 * GB)] * 4
+    watch_states = []
+    hits = queries = written = 0.0
+    for minute, (dh, dq, dw) in enumerate(steady + collapse + steady * 2):
+        hits, queries, written = hits + dh, queries + dq, written + dw
+        for state in engine_scrape(minute * 60.0, hits, queries, written):
+            watch(state)
+        watch_states.append(tuple(states(book, COLLAPSE)))
+    assert watch_states[5] == ()  # steady at 0.8
+    assert watch_states[6] == ("pending",)  # the first scrape that sees it
+    assert watch_states[7] == ("firing",)  # still there on the next one
+    assert watch_states[-1] == ("resolved",)
+    (alert,) = [a for a in book.list() if a.name == COLLAPSE]
+    assert alert.labels == {"engine": "vllm-0"} and alert.fired_at is not None
+
+
+def test_a_restarted_engine_is_not_a_collapse():
+    """Counters back to zero after a restart: increases count from zero, the ratio stays 0.8."""
+    book = AlertBook()
+    watch = ClusterWatch(book, window_s=120)
+    for minute in range(6):
+        for state in engine_scrape(minute * 60.0, 800.0 * minute, 1000.0 * minute, GB * minute):
+            watch(state)
+    for minute in range(6, 12):  # restarted: counters begin again near zero
+        n = minute - 5
+        for state in engine_scrape(minute * 60.0, 800.0 * n, 1000.0 * n, GB * (minute + 1)):
+            watch(state)
+    assert states(book, COLLAPSE) == []
+
+
+def test_the_embedded_stores_are_left_to_the_ab_manager():
+    book = AlertBook()
+    watch = ClusterWatch(book)
+    for minute in range(10):
+        watch(
+            scrape(minute * 60.0, ("kv.tier.allocated.bytes", minute * 20 * GB, {"tier": "dram"}), source="tierstore")
+        )
+    assert book.list() == []
