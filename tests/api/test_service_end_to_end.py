@@ -1,0 +1,136 @@
+"""The service's acceptance over real HTTP: uvicorn on 127.0.0.1, an A/B of the long-output example, the DRAM-only
+arm's collapse alert going pending then firing at the predicted round, the verdict, its evidence and its bundle."""
+
+from __future__ import annotations
+
+import io
+import socket
+import threading
+import time
+import zipfile
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+import yaml
+from pydantic import SecretStr
+
+from kvscope.api.app import create_app
+from kvscope.api.settings import Settings
+from kvscope.verifier.db import Database, run_sql
+from kvscope.verifier.evidence import check_bundle
+
+ROOT = Path(__file__).resolve().parents[2]
+LONG_OUTPUT = yaml.safe_load((ROOT / "examples" / "long_output.yaml").read_text())
+TOKEN = "test-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+class Service:
+    """The real server in a thread; `stop()` is a clean shutdown (the lifespan's teardown runs)."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        self.db = tmp_path / "service.duckdb"
+        settings = Settings(
+            host="127.0.0.1", port=port, db=self.db, token=SecretStr(TOKEN), workdir=tmp_path / "ab",
+            criteria=[ROOT / "criteria" / "media.yaml"], scrape_interval_s=0.5,
+        )  # fmt: skip
+        self.server = uvicorn.Server(
+            uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
+        )
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        self.client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            assert time.monotonic() < deadline, "the service did not start"
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(60)
+        self.client.close()
+
+
+@pytest.fixture
+def service(tmp_path):
+    running = Service(tmp_path)
+    yield running
+    if running.thread.is_alive():
+        running.stop()
+
+
+def test_an_ab_over_http_collapses_at_the_predicted_round_and_its_evidence_checks_out(service, tmp_path):
+    client = service.client
+    predicted = client.post("/api/v1/predict", json=LONG_OUTPUT).json()["arms"]["dram_only"]["prediction"]
+    collapse_round = predicted["collapse_round"]
+    assert collapse_round == 8
+
+    started = client.post("/api/v1/ab", json={"scenario": LONG_OUTPUT, "rounds_per_minute": 1200}, headers=AUTH)
+    assert started.status_code == 201, started.text
+    ab_id = started.json()["id"]
+
+    seen: list[tuple[str, str]] = []  # (state, summary) of the DRAM-only arm's collapse alert, as it changed
+    deadline = time.monotonic() + 120
+    while True:
+        for alert in client.get("/api/v1/alerts").json():
+            ours = alert["name"] == "KVCacheHitRateCollapse" and alert["labels"]["arm"] == "dram_only"
+            if ours and (not seen or seen[-1][0] != alert["state"]):
+                seen.append((alert["state"], alert["summary"]))
+        test = client.get(f"/api/v1/ab/{ab_id}").json()
+        if test["status"] != "running":
+            break
+        assert time.monotonic() < deadline, f"the A/B did not finish: {test['arms']['dram_only']['rounds_done']} rounds"
+        time.sleep(0.02)
+
+    assert test["status"] == "finished"
+    assert [state for state, _ in seen[:2]] == ["pending", "firing"]
+    assert seen[0][1].startswith(f"round {collapse_round - 1}:")  # the tier fills within one round: pending
+    assert seen[1][1].startswith(f"round {collapse_round}:")  # the collapse itself: firing
+    assert test["arms"]["dram_only"]["observed_collapse_round"] == collapse_round
+    assert test["arms"]["tiered"]["observed_collapse_round"] is None
+
+    verdicts = {v["criterion"]: v for v in test["verdicts"]}
+    assert verdicts["dram_only_no_collapse"]["passed"] is False
+    assert verdicts["tiered_no_collapse"]["passed"] is True
+    assert verdicts["nof_delta_zero"]["passed"] is True and verdicts["both_tiers_written"]["passed"] is True
+
+    verdict_id = verdicts["dram_only_no_collapse"]["verdict_id"]
+    evidence = client.get(f"/api/v1/verdicts/{verdict_id}").json()
+    assert evidence["digest"] == verdicts["dram_only_no_collapse"]["digest"]
+    assert evidence["document"]["summary"].startswith(f"collapsed in round {collapse_round}:")
+    bundle = client.get(f"/api/v1/verdicts/{verdict_id}/bundle")
+    assert bundle.status_code == 200
+    zipfile.ZipFile(io.BytesIO(bundle.content)).extractall(tmp_path / "bundle")
+    report = check_bundle(tmp_path / "bundle")
+    assert report.ok and report.checked == 1
+
+
+def test_stopping_the_service_mid_ab_keeps_every_recorded_round_and_a_consistent_database(service):
+    client = service.client
+    ab_id = client.post("/api/v1/ab", json={"scenario": LONG_OUTPUT, "rounds_per_minute": 300}, headers=AUTH).json()[
+        "id"
+    ]
+    deadline = time.monotonic() + 60
+    while client.get(f"/api/v1/ab/{ab_id}").json()["arms"]["dram_only"]["rounds_done"] < 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    service.stop()
+    with Database(service.db) as db:
+        runs = {run.name: run for run in db.runs()}
+        assert set(runs) == {f"{ab_id}/dram_only", f"{ab_id}/tiered"}
+        assert all(run.ended_at is not None for run in runs.values())  # closed cleanly by the shutdown
+        (samples, batched) = run_sql(db.con, "SELECT (SELECT count(*) FROM samples), (SELECT sum(rows) FROM batches)")[
+            0
+        ]
+        assert samples == batched > 0
+        rounds = run_sql(
+            db.con,
+            "SELECT r.name, max(p.value) FROM samples p JOIN series s USING (series_id) JOIN runs r USING (run_id) "
+            "WHERE s.name = 'tierstore_engine_rounds_total' GROUP BY r.name",
+        )
+        assert all(3 <= done < 20 for _, done in rounds)  # stopped part way, every finished round recorded
