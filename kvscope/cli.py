@@ -235,7 +235,6 @@ def record(
     from kvscope.units import parse_duration
     from kvscope.verifier.db import Database, VerifierError
     from kvscope.verifier.recorder import record as record_run
-    from kvscope.verifier.schema import SchemaError
 
     try:
         settings = load_config(config)
@@ -246,7 +245,7 @@ def record(
             count = database.con.execute(
                 "SELECT count(*) FROM samples JOIN series USING (series_id) WHERE run_id = ?", [recorded.run_id]
             ).fetchone()[0]
-    except (ConfigError, VerifierError, SchemaError, ValueError) as error:
+    except (ConfigError, VerifierError, ValueError) as error:
         raise _fail(error) from None
     console.print(f"run {run!r}: {count:,} samples recorded")
 

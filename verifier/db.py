@@ -20,11 +20,8 @@ import duckdb
 import numpy as np
 
 from kvscope.samples import Labels, Sample
+from kvscope.verifier.errors import VerifierError
 from kvscope.verifier.schema import migrate
-
-
-class VerifierError(ValueError):
-    """Bad input to the verifier (unknown run, duplicate run, empty series...): the message names what."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import duckdb
 
+from kvscope.verifier.errors import SchemaError
+
 MIGRATIONS: tuple[str, ...] = (
     # 1: the first schema
     """
@@ -83,10 +85,6 @@ MIGRATIONS: tuple[str, ...] = (
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
-
-
-class SchemaError(RuntimeError):
-    """The database cannot be used by this kvscope (too new, or not a kvscope database)."""
 
 
 def migrate(con: duckdb.DuckDBPyConnection, where: str) -> int:
