@@ -24,7 +24,7 @@ from pydantic import StringConstraints
 from starlette.background import BackgroundTask
 
 from kvscope.api.deps import DatabaseDep
-from kvscope.verifier.db import Database, run_sql
+from kvscope.verifier.db import Database, canonical_json, run_sql
 from kvscope.verifier.evidence import export_bundle
 
 router = APIRouter(prefix="/api/v1", tags=["evidence"])
@@ -72,12 +72,9 @@ def _rows(db: Database, sql: str, params: list[object], json_columns: tuple[str,
     return rows
 
 
-def _next_offset(rows: list, offset: int, limit: int) -> int | None:
+def _next_offset(fetched: int, offset: int, limit: int) -> int | None:
     """Pages are fetched with one row more than asked: that row says whether another page follows."""
-    if len(rows) > limit:
-        del rows[limit:]
-        return offset + limit
-    return None
+    return offset + limit if fetched > limit else None
 
 
 def _invalid(field: str, message: str, value: object) -> RequestValidationError:
@@ -90,7 +87,7 @@ def _invalid(field: str, message: str, value: object) -> RequestValidationError:
 # Sample counts and time range from `batches`: samples are written only in whole batches, each counted there,
 # so a listing never scans the samples table.
 _RUNS = """
-    SELECT r.run_id, r.name, r.arm, r.scenario, r.origin, r.started_at, r.ended_at, r.config,
+    SELECT r.run_id, r.name, r.arm, r.scenario, r.origin, r.started_at, r.ended_at,
            (SELECT count(*) FROM series s WHERE s.run_id = r.run_id) AS series,
            coalesce(b.samples, 0) AS samples, b.first_ts, b.last_ts
     FROM runs r
@@ -116,11 +113,11 @@ def list_runs(
         .add_if("starts_with(r.name, ?)", name_prefix)
     )
     sql = f"{_RUNS}{where.sql} ORDER BY r.started_at DESC, r.run_id DESC"
-    return _rows(db, sql, where.params, json_columns=("config",))
+    return _rows(db, sql, where.params)
 
 
 def _run_or_404(db: Database, run_id: int) -> dict:
-    rows = _rows(db, f"{_RUNS} WHERE r.run_id = ?", [run_id], json_columns=("config",))
+    rows = _rows(db, f"{_RUNS} WHERE r.run_id = ?", [run_id])
     if not rows:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no run with id {run_id}")
     return rows[0]
@@ -128,8 +125,9 @@ def _run_or_404(db: Database, run_id: int) -> dict:
 
 @router.get("/runs/{run_id}")
 def get_run(run_id: RunId, db: DatabaseDep) -> dict:
-    """One run, what it scraped, and which series it holds: the names to ask `/samples` for."""
+    """One run with its configuration, what it scraped, and which series it holds: the names `/samples` takes."""
     run = _run_or_404(db, run_id)
+    run["config"] = json.loads(run_sql(db.con, "SELECT config FROM runs WHERE run_id = ?", [run_id])[0][0])
     run["targets"] = _rows(
         db, "SELECT target, source, config FROM targets WHERE run_id = ? ORDER BY target", [run_id], ("config",)
     )
@@ -164,7 +162,7 @@ def _page_sql(series: _Where, start: float | None, end: float | None, step: floa
         .add_if("ts <= ?", end)
     )
     sql, params = f"SELECT series_id, ts, value FROM samples{where.sql}", where.params
-    if step is not None:  # buckets start at `start` (or the epoch), so pages of one query share their edges
+    if step is not None:  # buckets aligned to `start` (or the epoch), not to the data, so they stay put as it grows
         sql = (
             f"SELECT series_id, max(ts) AS ts, arg_max(value, ts) AS value FROM ({sql}) "
             "GROUP BY series_id, floor((ts - ?) / ?)"
@@ -175,14 +173,17 @@ def _page_sql(series: _Where, start: float | None, end: float | None, step: floa
 
 @router.get(
     "/runs/{run_id}/samples",
+    response_model=None,
     responses={200: {"content": {"text/csv": {}, "application/vnd.apache.parquet": {}}}},
 )
 def get_samples(
     run_id: RunId,
     db: DatabaseDep,
     metric: Annotated[str, Query(min_length=1, max_length=1024, description="the series name")],
+    label: Annotated[
+        list[LabelMatcher], Query(default_factory=list, description="`key=value`, repeatable; all must match")
+    ],
     raw: Annotated[bool, Query(description="the exporter's raw series instead of the normalized ones")] = False,
-    label: Annotated[list[LabelMatcher], Query(description="`key=value`, repeatable; all must match")] = [],  # noqa: B006 (FastAPI copies defaults)
     start: Seconds = None,
     end: Seconds = None,
     step: Annotated[
@@ -197,24 +198,30 @@ def get_samples(
     if start is not None and end is not None and end < start:
         raise _invalid("end", f"end ({end}) is before start ({start})", end)
     run = _run_or_404(db, run_id)
-    matchers = [(key, value) for key, value in (item.split("=", 1) for item in label)]
+    matchers = [(key, value) for key, _, value in (item.partition("=") for item in label)]
     series_where = _series_where(run_id, metric, raw, matchers)
     series = _rows(
-        db, f"SELECT series_id, target, labels, kind FROM series{series_where.sql} ORDER BY series_id",
-        series_where.params, json_columns=("labels",),
-    )  # fmt: skip
+        db,
+        f"SELECT series_id, target, labels, kind FROM series{series_where.sql} ORDER BY series_id",
+        series_where.params,
+        json_columns=("labels",),
+    )
     sql, params = _page_sql(series_where, start, end, step)
-    page = db.con.execute(sql, [*params, limit + 1, offset]).fetchnumpy()
-    rows = list(range(len(page["ts"])))
-    next_offset = _next_offset(rows, offset, limit)
-    page = {column: values[: len(rows)] for column, values in page.items()}
+    fetched = db.con.execute(sql, [*params, limit + 1, offset]).fetchnumpy()
+    next_offset = _next_offset(len(fetched["ts"]), offset, limit)
+    page = {column: values[:limit] for column, values in fetched.items()}
     if fmt == "json":
-        return {"run": run["name"], "metric": metric, "series": series, "samples": _json_samples(page),
-                "next_offset": next_offset}  # fmt: skip
+        return {
+            "run": run["name"],
+            "metric": metric,
+            "series": series,
+            "samples": _json_samples(page),
+            "next_offset": next_offset,
+        }
     headers = {} if next_offset is None else {"X-Next-Offset": str(next_offset)}
     if fmt == "csv":
         return Response(_csv(page, series), media_type="text/csv; charset=utf-8", headers=headers)
-    return _parquet(db, page, f"run-{run_id}-{metric}", headers)
+    return _parquet(db, page, f"run-{run_id}-samples", headers)
 
 
 def _json_samples(page: dict[str, np.ndarray]) -> list[list]:
@@ -224,15 +231,16 @@ def _json_samples(page: dict[str, np.ndarray]) -> list[list]:
 
 
 def _csv(page: dict[str, np.ndarray], series: list[dict]) -> str:
+    """Self-describing rows: each value beside its series' target and labels; floats spelled to round-trip."""
     by_id = {s["series_id"]: s for s in series}
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(["series_id", "target", "labels", "ts", "value"])
-    for series_id, ts, value in zip(page["series_id"].tolist(), page["ts"].tolist(), page["value"].tolist(),
-                                    strict=True):  # fmt: skip
+    for series_id, ts, value in zip(
+        page["series_id"].tolist(), page["ts"].tolist(), page["value"].tolist(), strict=True
+    ):
         s = by_id[series_id]
-        writer.writerow([series_id, s["target"], json.dumps(s["labels"], sort_keys=True, separators=(",", ":")),
-                         repr(ts), repr(value)])  # fmt: skip
+        writer.writerow([series_id, s["target"], canonical_json(s["labels"]), repr(ts), repr(value)])
     return out.getvalue()
 
 
@@ -274,7 +282,7 @@ def list_verdicts(
     passed: bool | None = None,
     run: Annotated[str | None, Query(description="a run name bound to any role")] = None,
     kind: str | None = None,
-    since: Annotated[Seconds, Query(description="created at or after, unix seconds")] = None,
+    since: Annotated[float | None, Query(allow_inf_nan=False, description="created at or after, unix seconds")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Offset = 0,
 ) -> dict:
@@ -292,12 +300,12 @@ def list_verdicts(
         "ORDER BY created_at DESC, verdict_id DESC LIMIT ? OFFSET ?"
     )
     verdicts = _rows(db, sql, [*where.params, limit + 1, offset], json_columns=("runs",))
-    return {"verdicts": verdicts, "next_offset": _next_offset(verdicts, offset, limit)}
+    return {"verdicts": verdicts[:limit], "next_offset": _next_offset(len(verdicts), offset, limit)}
 
 
 def _verdict_or_404(db: Database, verdict_id: int) -> dict:
-    sql = f"SELECT {_VERDICT_COLUMNS}, evidence FROM verdicts WHERE verdict_id = ?"
-    rows = _rows(db, sql, [verdict_id], json_columns=("runs", "evidence"))
+    sql = f"SELECT {_VERDICT_COLUMNS}, evidence AS document FROM verdicts WHERE verdict_id = ?"
+    rows = _rows(db, sql, [verdict_id], json_columns=("runs", "document"))
     if not rows:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no verdict with id {verdict_id}")
     return rows[0]
@@ -311,7 +319,8 @@ def get_verdict(verdict_id: VerdictId, db: DatabaseDep) -> dict:
 
 @router.get("/verdicts/{verdict_id}/bundle", response_class=FileResponse)
 def get_bundle(verdict_id: VerdictId, db: DatabaseDep) -> FileResponse:
-    """The verdict's evidence bundle (evidence.json, samples.parquet) zipped: `kvscope evidence check` it unzipped."""
+    """The verdict's evidence bundle (evidence.json, samples.parquet), zipped; unzipped, `kvscope evidence check`
+    recomputes it."""
     _verdict_or_404(db, verdict_id)
     folder = FilePath(tempfile.mkdtemp(prefix="kvscope-bundle-"))
     try:
