@@ -1,4 +1,5 @@
-"""Scenarios as the API accepts them: the YAML schema as JSON, minus what would touch the server's files."""
+"""Scenarios as the API accepts them: the YAML schema as JSON, minus what would touch the server's files or take
+it down: a bounded amount of simulated work, and real-bytes tiers (memory, file) of bounded size."""
 
 from __future__ import annotations
 
@@ -6,18 +7,36 @@ from fastapi import HTTPException, status
 
 from kvscope.tierstore.scenario import Scenario
 
+MAX_BLOCK_LOOKUPS = 50_000_000  # about a minute of simulation per arm; long_output is 1.6 M
+MAX_REAL_BYTES = 2 * 1024**3  # memory and file backends hold real bytes
+
 
 def accept(scenario: Scenario) -> Scenario:
-    """Refuse trace workloads and file paths: over HTTP a scenario must not name files on the server."""
+    """Refuse trace workloads and file paths (over HTTP a scenario must not name files on the server), and
+    scenarios whose simulation or real-bytes tiers would exhaust the service."""
     problems = []
-    if scenario.workload.kind == "trace":
+    workload = scenario.workload
+    if workload.kind == "trace":
         problems.append(("workload", "kind", "trace workloads read a file on the server: use the CLI for traces"))
+    else:
+        tokens = workload.sessions * sum(
+            workload.first_prompt_tokens + (r - 1) * (workload.output_tokens + workload.user_tokens)
+            for r in range(1, min(workload.rounds, 100_000) + 1)
+        )
+        lookups = tokens // scenario.block_tokens * len(scenario.arms)
+        if lookups > MAX_BLOCK_LOOKUPS or workload.rounds > 100_000:
+            problems.append(
+                ("workload", f"{lookups:,} block lookups is more than the service simulates ({MAX_BLOCK_LOOKUPS:,})")
+            )
     for arm_name, arm in scenario.arms.items():
         for tier in arm.tiers + arm.attached:
             if tier.path is not None:
                 problems.append(
                     ("arms", arm_name, "tiers", tier.name, "path", "file backends use the service's workdir")
                 )
+            if tier.backend != "accounting" and tier.capacity > MAX_REAL_BYTES:
+                limit = f"a {tier.backend} tier holds real bytes: at most {MAX_REAL_BYTES:,} B over the API"
+                problems.append(("arms", arm_name, "tiers", tier.name, "capacity", limit))
     if problems:
         detail = [{"loc": ["body", "scenario", *p[:-1]], "msg": p[-1], "type": "value_error"} for p in problems]
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, detail)

@@ -1,0 +1,44 @@
+"""What the API refuses of a scenario, with a 422 naming the field: files on the server, unbounded work."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+
+@pytest.fixture
+def client(app_factory, tmp_path):
+    with TestClient(app_factory(tmp_path)) as client:
+        yield client
+
+
+def scenario(**workload) -> dict:
+    return {
+        "workload": {"kind": "multi_round", "sessions": 2, "rounds": 2, "first_prompt_tokens": 512, **workload},
+        "kv": {"block_tokens": 16, "bytes_per_token": 100},
+        "arms": {"a": {"tiers": [{"name": "dram", "capacity": "1MB"}]}},
+    }
+
+
+def test_a_small_scenario_is_predicted(client):
+    answer = client.post("/api/v1/predict", json=scenario())
+    assert answer.status_code == 200 and answer.json()["arms"]["a"]["prediction"]["collapse_round"] is None
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (lambda s: s["workload"].update(sessions=10**6, rounds=1000), "workload"),
+        (lambda s: s.update(workload={"kind": "trace", "path": "/etc/passwd"}, kv={"bytes_per_token": 100}), "kind"),
+        (lambda s: s["arms"]["a"]["tiers"][0].update(backend="file", path="/tmp/x.blocks"), "path"),
+        (lambda s: s["arms"]["a"]["tiers"][0].update(backend="memory", capacity="1TB"), "capacity"),
+        (lambda s: s["workload"].update(sessions=0), "sessions"),
+    ],
+    ids=["too-much-work", "trace-file", "file-path", "huge-memory-tier", "no-sessions"],
+)
+def test_refused_scenarios_get_422_naming_the_field(client, change, field):
+    body = scenario()
+    change(body)
+    answer = client.post("/api/v1/predict", json=body)
+    assert answer.status_code == 422, answer.text
+    assert any(field in map(str, problem["loc"]) for problem in answer.json()["detail"])
