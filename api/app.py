@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Callable
 
 from fastapi import FastAPI
 from prometheus_client import REGISTRY
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kvscope import __version__
 from kvscope.api.abmanager import ABManager
@@ -90,7 +90,8 @@ def create_app(settings: Settings | None = None, on_started: Callable[[Services]
 
 
 class BodyLimit:
-    """413 for request bodies over `max_bytes`, announced (Content-Length) or streamed."""
+    """413 for request bodies over `max_bytes`, announced (Content-Length) or streamed: the body is read (up to the
+    limit) before the app sees the request, so an oversized upload is refused without being parsed."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app, self.max_bytes = app, max_bytes
@@ -103,24 +104,21 @@ class BodyLimit:
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             await _too_large(send, self.max_bytes)
             return
-        seen = 0
-
-        async def limited() -> dict:
-            nonlocal seen
+        messages, size = [], 0
+        while True:
             message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > self.max_bytes:
-                raise _TooLarge
-            return message
+            messages.append(message)
+            size += len(message.get("body", b""))
+            if size > self.max_bytes:
+                await _too_large(send, self.max_bytes)
+                return
+            if message["type"] != "http.request" or not message.get("more_body"):
+                break
 
-        try:
-            await self.app(scope, limited, send)
-        except _TooLarge:
-            await _too_large(send, self.max_bytes)
+        async def replay() -> Message:
+            return messages.pop(0) if messages else await receive()
 
-
-class _TooLarge(Exception):
-    pass
+        await self.app(scope, replay, send)
 
 
 async def _too_large(send: Send, limit: int) -> None:

@@ -1,0 +1,74 @@
+"""The service's guard rails: loopback by default, a token for mutations, bounded bodies, clean metrics."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+from fastapi.testclient import TestClient
+
+from kvscope.api.settings import Settings
+
+SMALL = {
+    "workload": {"kind": "multi_round", "sessions": 2, "rounds": 2, "first_prompt_tokens": 64},
+    "kv": {"block_tokens": 16, "bytes_per_token": 100},
+    "arms": {"a": {"tiers": [{"name": "dram", "capacity": "1MB"}]}},
+}
+
+
+@pytest.fixture
+def client(app_factory, tmp_path):
+    with TestClient(app_factory(tmp_path, max_body_bytes=4096)) as client:
+        yield client
+
+
+def test_the_service_binds_loopback_and_makes_a_token_unless_told_otherwise(monkeypatch):
+    monkeypatch.delenv("KVSCOPE_TOKEN", raising=False)
+    first, second = Settings(), Settings()
+    assert first.host == "127.0.0.1"
+    assert len(first.token.get_secret_value()) >= 32 and first.token != second.token
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic dGVzdA=="}])
+def test_mutations_need_the_bearer_token(client, headers):
+    assert client.post("/api/v1/ab", json={"scenario": SMALL}, headers=headers).status_code == 401
+    assert client.delete("/api/v1/ab/ab-1", headers=headers).status_code == 401
+    assert client.post("/api/v1/dashboards/provision", json={}, headers=headers).status_code == 401
+
+
+def test_with_the_token_an_ab_starts_and_an_unknown_one_is_404(client):
+    auth = {"Authorization": "Bearer test-token"}
+    started = client.post("/api/v1/ab", json={"scenario": SMALL}, headers=auth)
+    assert started.status_code == 201 and started.json()["id"].startswith("ab-")
+    assert client.delete("/api/v1/ab/ab-999", headers=auth).status_code == 404
+
+
+def test_bodies_over_the_limit_get_413_announced_or_streamed(client):
+    big = b'{"scenario": ' + b" " * 5000 + b"}"
+    answer = client.post("/api/v1/predict", content=big, headers={"Content-Type": "application/json"})
+    assert answer.status_code == 413 and "4096 bytes" in answer.json()["detail"]
+
+    def chunks():
+        yield b'{"x": "'
+        yield b"y" * 5000
+        yield b'"}'
+
+    streamed = client.post("/api/v1/predict", content=chunks(), headers={"Content-Type": "application/json"})
+    assert streamed.status_code == 413
+
+
+def test_bad_input_names_the_field(client):
+    answer = client.post("/api/v1/predict", json={**SMALL, "kv": {"block_tokens": -1, "bytes_per_token": 100}})
+    assert answer.status_code == 422
+    assert ["body", "kv", "block_tokens"] in [problem["loc"] for problem in answer.json()["detail"]]
+
+
+def test_metrics_are_clean_for_promtool(client, require_real):
+    promtool = shutil.which("promtool")
+    require_real(promtool is not None, "promtool is not installed (Debian package prometheus)")
+    client.get("/healthz")
+    text = client.get("/metrics").text
+    assert "kvscope_http_requests_total" in text and "kvscope_ab_tests" in text
+    checked = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+    assert checked.returncode == 0 and checked.stdout + checked.stderr == "", checked.stdout + checked.stderr
