@@ -22,7 +22,7 @@ from kvscope.api.alerts import AlertBook
 from kvscope.api.clusterwatch import ClusterWatch
 from kvscope.api.deps import Services
 from kvscope.api.metrics import RequestMetrics, ServiceCollector
-from kvscope.api.routers import ab, alerts, dashboards, evidence, health, predict
+from kvscope.api.routers import ab, alerts, dashboards, evidence, health, page, predict
 from kvscope.api.settings import Settings
 from kvscope.exporters.config import ExporterSettings, load_config
 from kvscope.exporters.otel import TelemetryBridge
@@ -82,7 +82,7 @@ def create_app(settings: Settings | None = None, on_started: Callable[[Services]
         description="Live A/B tests of KV-cache tier layouts, hit-rate-collapse alerts and audit evidence.",
         lifespan=lifespan,
     )
-    for module in (health, predict, ab, alerts, dashboards, evidence):
+    for module in (health, predict, ab, alerts, dashboards, evidence, page):
         app.include_router(module.router)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(RequestMetrics)

@@ -39,5 +39,5 @@ def accept(scenario: Scenario) -> Scenario:
                 problems.append(("arms", arm_name, "tiers", tier.name, "capacity", limit))
     if problems:
         detail = [{"loc": ["body", "scenario", *p[:-1]], "msg": p[-1], "type": "value_error"} for p in problems]
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, detail)
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail)
     return scenario

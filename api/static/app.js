@@ -1,0 +1,792 @@
+// kvscope's built-in page: polls the JSON API every two seconds and draws the charts as inline SVG.
+// Plain JavaScript, no framework, nothing from the network but the service itself. Every text that comes from
+// the API goes through textContent or setAttribute: never innerHTML.
+"use strict";
+
+(() => {
+  const POLL_MS = 2000;
+  const SVG_NS = "http://www.w3.org/2000/svg";
+  const ARM_COLORS = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9"];
+  const TIER_COLORS = ["#E69F00", "#56B4E9", "#009E73", "#CC79A7", "#999999", "#F0E442"];
+
+  const state = {
+    tests: [], // GET /api/v1/ab
+    details: {}, // id -> GET /api/v1/ab/{id}
+    alerts: [], // GET /api/v1/alerts
+    verdicts: null, // GET /api/v1/verdicts, when the service has it
+    verdictsApi: true,
+    selected: null,
+    error: null,
+    updated: null,
+  };
+
+  // ------------------------------------------------------------------------------------------- DOM helpers
+
+  function setAttrs(node, attrs) {
+    for (const [key, value] of Object.entries(attrs || {})) {
+      if (value === null || value === undefined || value === false) continue;
+      if (key === "text") node.textContent = String(value);
+      else if (key === "style") Object.assign(node.style, value); // CSSOM: allowed by the page's CSP
+      else node.setAttribute(key, String(value));
+    }
+    return node;
+  }
+
+  function append(node, children) {
+    for (const child of children.flat(Infinity)) {
+      if (child === null || child === undefined || child === false) continue;
+      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return node;
+  }
+
+  const el = (tag, attrs, ...children) => append(setAttrs(document.createElement(tag), attrs), children);
+  const svg = (tag, attrs, ...children) => append(setAttrs(document.createElementNS(SVG_NS, tag), attrs), children);
+  const byId = (id) => document.getElementById(id);
+  function fill(id, ...children) {
+    const node = byId(id);
+    node.replaceChildren();
+    return append(node, children);
+  }
+
+  const rendered = {};
+  /** Re-render a section only when its data changed, so focus, selection and tooltips survive the polling. */
+  function renderIf(key, data, draw) {
+    const signature = JSON.stringify(data);
+    if (rendered[key] === signature) return;
+    rendered[key] = signature;
+    draw();
+  }
+
+  // -------------------------------------------------------------------------------------------- formatting
+
+  const BYTE_UNITS = ["B", "kB", "MB", "GB", "TB", "PB", "EB"];
+
+  function byteUnit(n) {
+    let index = 0;
+    while (Math.abs(n) >= 1000 && index < BYTE_UNITS.length - 1) {
+      n /= 1000;
+      index += 1;
+    }
+    return index;
+  }
+
+  /** Decimal units (the scenarios' GB are 10^9 B); `unit` and `digits` fix them for an axis. */
+  function fmtBytes(n, unit, digits) {
+    if (!Number.isFinite(n)) return "–";
+    const index = unit === undefined ? byteUnit(n) : unit;
+    const value = n / 1000 ** index;
+    if (digits === undefined) digits = index === 0 || Math.abs(value) >= 100 ? 0 : Math.abs(value) >= 10 ? 1 : 2;
+    return `${value.toFixed(digits)} ${BYTE_UNITS[index]}`;
+  }
+
+  const fmtPct = (x) => (Number.isFinite(x) ? `${(x * 100).toFixed(1)}%` : "–");
+  const fmtInt = (n) => (Number.isFinite(n) ? Math.round(n).toLocaleString("en-US") : "–");
+  // times in UTC, as the service's logs and Prometheus show them
+  const fmtClock = (ts) => (ts ? new Date(ts * 1000).toISOString().slice(11, 19) : "–");
+  const fmtStamp = (ts) => (ts ? `${new Date(ts * 1000).toISOString().replace("T", " ").slice(0, 19)} UTC` : "–");
+
+  function fmtDuration(seconds) {
+    if (!Number.isFinite(seconds) || seconds < 0) return "–";
+    if (seconds < 60) return `${seconds.toFixed(seconds < 10 ? 1 : 0)} s`;
+    const minutes = Math.floor(seconds / 60);
+    if (minutes < 60) return `${minutes} min ${Math.floor(seconds % 60)} s`;
+    return `${Math.floor(minutes / 60)} h ${minutes % 60} min`;
+  }
+
+  function niceStep(span, count) {
+    const raw = span / Math.max(1, count);
+    const magnitude = 10 ** Math.floor(Math.log10(raw));
+    const n = raw / magnitude;
+    return magnitude * (n <= 1 ? 1 : n <= 2 ? 2 : n <= 5 ? 5 : 10);
+  }
+
+  const sum = (values) => values.reduce((a, b) => a + b, 0);
+  const ago = (ts) => fmtDuration(Date.now() / 1000 - ts);
+  const headRow = (names) => el("thead", {}, el("tr", {}, names.map((h) => el("th", { scope: "col", text: h }))));
+  const badge = (kind, text) => el("span", { class: `badge ${kind}`, text: text || kind });
+  const abHref = (id) => `#ab=${encodeURIComponent(id)}`;
+  const verdictHref = (id) => `/api/v1/verdicts/${encodeURIComponent(String(id))}`;
+
+  function armColors(detail) {
+    const colors = {};
+    Object.keys(detail.arms || {}).forEach((name, i) => (colors[name] = ARM_COLORS[i % ARM_COLORS.length]));
+    return colors;
+  }
+
+  /** {tier: the sum over the rows of row[key][tier]}, e.g. bytes written per tier over all rounds. */
+  function totalsByTier(rows, key) {
+    const totals = {};
+    for (const row of rows) {
+      for (const [tier, n] of Object.entries(row[key] || {})) totals[tier] = (totals[tier] || 0) + n;
+    }
+    return totals;
+  }
+
+  function tierColors(detail) {
+    const colors = {};
+    for (const arm of Object.values(detail.arms || {})) {
+      for (const row of arm.rows || []) {
+        for (const tier of Object.keys(row.written_bytes || {})) {
+          if (!(tier in colors)) colors[tier] = TIER_COLORS[Object.keys(colors).length % TIER_COLORS.length];
+        }
+      }
+    }
+    return colors;
+  }
+
+  // ----------------------------------------------------------------------------------------------- polling
+
+  async function getJSON(url) {
+    const response = await fetch(url, { headers: { Accept: "application/json" }, cache: "no-store" });
+    if (!response.ok) {
+      const error = new Error(`GET ${url}: HTTP ${response.status}`);
+      error.status = response.status;
+      throw error;
+    }
+    return response.json();
+  }
+
+  function selectedFromHash() {
+    const match = /^#ab=(.+)$/.exec(window.location.hash);
+    return match ? decodeURIComponent(match[1]) : null;
+  }
+
+  /** The test named in the URL; without one the newest running test, else the one shown, else the newest. */
+  function choose(tests) {
+    const ids = new Set(tests.map((t) => t.id));
+    const wanted = selectedFromHash();
+    if (wanted && ids.has(wanted)) return wanted;
+    const newest = [...tests].sort((a, b) => b.started_at - a.started_at);
+    const running = newest.find((t) => t.status === "running");
+    if (running && !wanted) return running.id;
+    if (state.selected && ids.has(state.selected)) return state.selected;
+    return newest.length ? newest[0].id : null;
+  }
+
+  /** The service's verdict list, when it has an evidence API the page may read; its absence is no error. */
+  async function pollVerdicts() {
+    if (!state.verdictsApi) return;
+    try {
+      const body = await getJSON("/api/v1/verdicts?limit=50");
+      state.verdicts = Array.isArray(body) ? body : body.verdicts || body.items || [];
+    } catch (error) {
+      if (error.status >= 400 && error.status < 500) state.verdictsApi = false;
+    }
+  }
+
+  let timer = null;
+  let inFlight = false;
+  let again = false;
+
+  async function poll() {
+    if (inFlight) {
+      again = true;
+      return;
+    }
+    inFlight = true;
+    clearTimeout(timer);
+    try {
+      const [tests, alerts] = await Promise.all([getJSON("/api/v1/ab"), getJSON("/api/v1/alerts")]);
+      state.tests = tests;
+      state.alerts = alerts;
+      state.selected = choose(tests);
+      const summary = tests.find((t) => t.id === state.selected);
+      const cached = summary && state.details[summary.id];
+      if (summary && (!cached || cached.status === "running" || cached.status !== summary.status)) {
+        state.details[summary.id] = await getJSON(`/api/v1/ab/${encodeURIComponent(summary.id)}`);
+      }
+      await pollVerdicts();
+      state.error = null;
+      state.updated = Date.now();
+    } catch (error) {
+      state.error = error.message || String(error);
+    }
+    render();
+    inFlight = false;
+    if (again) {
+      again = false;
+      poll();
+    } else {
+      timer = setTimeout(poll, POLL_MS);
+    }
+  }
+
+  // ------------------------------------------------------------------------------------------------ render
+
+  function render() {
+    renderLive();
+    renderIf("alerts", [state.alerts, Math.floor(Date.now() / 10000)], renderAlerts);
+    renderIf("list", [state.tests, state.selected], renderList);
+    const detail = state.details[state.selected];
+    renderIf("detail", [detail || null, detail && detail.status === "running" ? Date.now() : 0], () =>
+      renderDetail(detail),
+    );
+    renderIf("verdicts", state.verdicts, renderAllVerdicts);
+  }
+
+  function renderLive() {
+    const live = byId("live");
+    const firing = state.alerts.filter((a) => a.state === "firing").length;
+    document.title = `${firing ? `(${firing} firing) ` : ""}kvscope · KV-cache tiers`;
+    // screen readers hear changes of the connection or of the firing count, not every poll
+    const news = state.error ? "connection to the service lost" : `${firing} alert${firing === 1 ? "" : "s"} firing`;
+    if (byId("announce").textContent !== news) byId("announce").textContent = news;
+    if (state.error) {
+      live.className = "live down";
+      byId("live-text").textContent = `connection problem, retrying: ${state.error}`;
+    } else {
+      live.className = "live ok";
+      const when = fmtClock(state.updated / 1000);
+      byId("live-text").textContent = `live · updated ${when} UTC · every ${POLL_MS / 1000} s`;
+    }
+  }
+
+  function renderAlerts() {
+    const count = (s) => state.alerts.filter((a) => a.state === s).length;
+    fill(
+      "alerts-counts",
+      badge(count("firing") ? "firing" : "", `${count("firing")} firing`),
+      badge(count("pending") ? "pending" : "", `${count("pending")} pending`),
+      badge("", `${count("resolved")} resolved`),
+    );
+    const rank = { firing: 0, pending: 1 };
+    const active = state.alerts
+      .filter((a) => a.state in rank)
+      .sort((a, b) => rank[a.state] - rank[b.state] || b.active_at - a.active_at);
+    if (!active.length) {
+      fill("alerts-body", el("p", { class: "empty", text: "No firing or pending alerts." }));
+      return;
+    }
+    const rows = active.map((alert) => {
+      const since = alert.state === "firing" ? alert.fired_at : alert.active_at;
+      return el(
+        "tr",
+        { class: `alert ${alert.state}`, "data-alert": alert.name },
+        el("td", {}, badge(alert.state)),
+        el(
+          "td",
+          {},
+          el("div", { class: "alert-name", text: alert.name }),
+          el("div", { class: "summary", text: alert.summary }),
+        ),
+        el("td", {}, labelChips(alert.labels || {})),
+        el("td", { class: "num", title: fmtStamp(since) }, fmtClock(since), el("br"), `for ${ago(since)}`),
+      );
+    });
+    fill(
+      "alerts-body",
+      el(
+        "table",
+        { "aria-describedby": "alerts-title" },
+        headRow(["State", "Alert", "Labels", "Since (UTC)"]),
+        el("tbody", {}, rows),
+      ),
+    );
+  }
+
+  function labelChips(labels) {
+    return el(
+      "div",
+      { class: "labels" },
+      Object.entries(labels).map(([key, value]) => {
+        const text = [el("span", { text: `${key}=` }), el("b", { text: value })];
+        return key === "ab"
+          ? el("a", { class: "label", href: abHref(value), title: `show A/B test ${value}` }, text)
+          : el("span", { class: "label" }, text);
+      }),
+    );
+  }
+
+  function progress(test) {
+    const arms = Object.values(test.arms || {});
+    const done = sum(arms.map((a) => a.rounds_done || 0));
+    const total = (test.rounds || 0) * arms.length;
+    const fraction = total ? Math.min(1, done / total) : 0;
+    const perArm = arms.length ? Math.min(...arms.map((a) => a.rounds_done || 0)) : 0;
+    return el(
+      "div",
+      {
+        class: "progress",
+        role: "progressbar",
+        "aria-valuemin": 0,
+        "aria-valuemax": total,
+        "aria-valuenow": done,
+        "aria-label": `${test.id}: ${done} of ${total} arm rounds done`,
+      },
+      el("div", { class: "bar" }, el("div", { class: "fill", style: { width: `${(fraction * 100).toFixed(1)}%` } })),
+      el("span", { class: "text", text: `${perArm}/${test.rounds}` }),
+    );
+  }
+
+  function verdictTally(verdicts) {
+    if (!verdicts || !verdicts.length) return "–";
+    const failed = verdicts.filter((v) => v.passed === false).length;
+    const errors = verdicts.filter((v) => v.passed !== true && v.passed !== false).length;
+    const passed = verdicts.length - failed - errors;
+    return el(
+      "span",
+      { class: "labels" },
+      passed ? badge("pass", `${passed} pass`) : null,
+      failed ? badge("fail", `${failed} fail`) : null,
+      errors ? badge("", `${errors} error`) : null,
+    );
+  }
+
+  function renderList() {
+    if (!state.tests.length) {
+      fill(
+        "ab-list-body",
+        el("p", { class: "empty" }, "No A/B tests yet. Start one with ", el("code", { text: "POST /api/v1/ab" }), "."),
+      );
+      return;
+    }
+    const tests = [...state.tests].sort((a, b) => b.started_at - a.started_at);
+    const rows = tests.map((test) =>
+      el(
+        "tr",
+        {
+          class: `ab-row ${test.status}${test.id === state.selected ? " selected" : ""}`,
+          "data-ab": test.id,
+          "aria-current": test.id === state.selected ? "true" : null,
+        },
+        el("td", {}, el("a", { href: abHref(test.id), title: `started ${fmtStamp(test.started_at)}`, text: test.id })),
+        el("td", { text: test.scenario }),
+        el("td", {}, badge(test.status)),
+        el("td", {}, progress(test)),
+        el("td", {}, verdictTally(test.verdicts)),
+      ),
+    );
+    fill(
+      "ab-list-body",
+      el(
+        "table",
+        { "aria-describedby": "ab-list-title" },
+        headRow(["Test", "Scenario", "Status", "Rounds", "Verdicts"]),
+        el("tbody", {}, rows),
+      ),
+    );
+  }
+
+  function renderDetail(detail) {
+    if (!detail) {
+      fill("ab-detail-title", "A/B test");
+      fill("ab-detail-status");
+      fill("ab-detail-meta");
+      fill("ab-chart", el("p", { class: "empty", text: "Select an A/B test." }));
+      for (const id of ["ab-chart-legend", "bytes-chart", "bytes-chart-legend", "arm-cards", "ab-verdicts"]) fill(id);
+      byId("ab-detail-error").hidden = true;
+      return;
+    }
+    fill("ab-detail-title", `A/B test ${detail.id} · ${detail.scenario}`);
+    fill("ab-detail-status", badge(detail.status));
+    const end = detail.ended_at || Date.now() / 1000;
+    const pace = detail.rounds_per_minute ? `${detail.rounds_per_minute} rounds/min` : "as fast as possible";
+    fill(
+      "ab-detail-meta",
+      `started ${fmtStamp(detail.started_at)} · ${detail.ended_at ? "took" : "running for"} ` +
+        `${fmtDuration(end - detail.started_at)} · ${detail.rounds} rounds per arm · ${pace}`,
+    );
+    const error = byId("ab-detail-error");
+    error.hidden = !detail.error;
+    error.textContent = detail.error || "";
+
+    const colors = armColors(detail);
+    drawHitChart(detail, colors);
+    drawBytesCharts(detail, colors);
+    drawArmCards(detail, colors);
+    if (detail.verdicts && detail.verdicts.length) {
+      fill("ab-verdicts", verdictTable(detail.verdicts, false, "ab-verdicts-title"));
+    } else {
+      const why = detail.status === "running" ? "The criteria run when every arm has finished." : "No verdicts.";
+      fill("ab-verdicts", el("p", { class: "empty", text: why }));
+    }
+  }
+
+  // ------------------------------------------------------------------------------------------------ charts
+
+  function frame(width, height, margin, titleText, descText, idPrefix) {
+    const titleId = `${idPrefix}-title`;
+    const descId = `${idPrefix}-desc`;
+    const root = svg(
+      "svg",
+      {
+        viewBox: `0 0 ${width} ${height}`,
+        role: "img",
+        "aria-labelledby": `${titleId} ${descId}`,
+        preserveAspectRatio: "xMidYMid meet",
+      },
+      svg("title", { id: titleId, text: titleText }),
+      svg("desc", { id: descId, text: descText }),
+    );
+    return { root, plotW: width - margin.left - margin.right, plotH: height - margin.top - margin.bottom };
+  }
+
+  /** Round numbers to label on an axis: every round when they fit, else multiples of a nice step (and round 1
+   * when that leaves room). */
+  function roundTicks(rounds, fit) {
+    if (rounds <= fit) return Array.from({ length: rounds }, (_, i) => i + 1);
+    const step = niceStep(rounds, fit);
+    const ticks = step >= 4 ? [1] : [];
+    for (let r = step; r <= rounds; r += step) ticks.push(r);
+    return ticks;
+  }
+
+  function drawHitChart(detail, colors) {
+    const arms = Object.entries(detail.arms || {});
+    const rounds = Math.max(2, detail.rounds || 0);
+    const margin = { left: 52, right: 18, top: 26, bottom: 38 };
+    const width = 900;
+    const height = 300;
+    const description = arms
+      .map(([name, arm]) => {
+        const last = (arm.rows || []).at(-1);
+        const now = last
+          ? `round ${last.round}: hit ratio ${fmtPct(last.hit_ratio)}, ideal ${fmtPct(last.ideal_hit_ratio)}`
+          : "no rounds yet";
+        const collapse = arm.observed_collapse_round ? `, collapsed at round ${arm.observed_collapse_round}` : "";
+        return `${name}: ${now}${collapse}`;
+      })
+      .join("; ");
+    const title = `Hit ratio per round, ${detail.id}`;
+    const { root, plotW, plotH } = frame(width, height, margin, title, description, "hit");
+    const x = (r) => margin.left + ((r - 1) / (rounds - 1)) * plotW;
+    const y = (v) => margin.top + (1 - Math.max(0, Math.min(1, v))) * plotH;
+
+    const grid = svg("g", { class: "grid" });
+    const axis = svg("g", { class: "axis" });
+    for (let v = 0; v <= 1.0001; v += 0.2) {
+      grid.append(svg("line", { x1: margin.left, x2: margin.left + plotW, y1: y(v), y2: y(v) }));
+      const label = `${Math.round(v * 100)}%`;
+      axis.append(svg("text", { x: margin.left - 8, y: y(v) + 4, "text-anchor": "end", text: label }));
+    }
+    for (const r of roundTicks(rounds, 25)) {
+      axis.append(svg("text", { x: x(r), y: margin.top + plotH + 16, "text-anchor": "middle", text: r }));
+    }
+    axis.append(
+      svg("line", { x1: margin.left, x2: margin.left + plotW, y1: margin.top + plotH, y2: margin.top + plotH }),
+      svg("text", { x: margin.left + plotW / 2, y: height - 4, "text-anchor": "middle", text: "round" }),
+      svg("text", {
+        x: 0,
+        y: 0,
+        transform: `translate(13 ${margin.top + plotH / 2}) rotate(-90)`,
+        "text-anchor": "middle",
+        text: "hit ratio",
+      }),
+    );
+    root.append(grid, axis);
+
+    // predicted collapse rounds: a dotted vertical line per round the planner expects an arm to collapse in
+    const predictedArms = new Map();
+    for (const [name, arm] of arms) {
+      const predicted = arm.prediction && arm.prediction.collapse_round;
+      if (predicted) predictedArms.set(predicted, [...(predictedArms.get(predicted) || []), name]);
+    }
+    const markers = svg("g", { class: "markers" });
+    for (const [predicted, names] of predictedArms) {
+      const at = x(predicted);
+      const right = at > margin.left + plotW * 0.6; // label on the side with room
+      markers.append(
+        svg(
+          "line",
+          {
+            class: "marker-line predicted",
+            "data-arms": names.join(" "),
+            x1: at,
+            x2: at,
+            y1: margin.top,
+            y2: margin.top + plotH,
+            style: { stroke: names.length === 1 ? colors[names[0]] : "var(--muted)" },
+          },
+          svg("title", { text: `the planner predicts ${names.join(", ")} collapse(s) at round ${predicted}` }),
+        ),
+        svg("text", {
+          class: "marker-label",
+          x: right ? at - 4 : at + 4,
+          y: margin.top - 6,
+          "text-anchor": right ? "end" : "start",
+          text: `collapse predicted at round ${predicted}: ${names.join(", ")}`,
+        }),
+      );
+    }
+    root.append(markers);
+
+    for (const [name, arm] of arms) {
+      const rows = arm.rows || [];
+      const group = svg("g", { class: "arm", "data-arm": name });
+      group.append(
+        svg(
+          "polyline",
+          {
+            class: "hit-line",
+            "data-arm": name,
+            stroke: colors[name],
+            points: rows.map((r) => `${x(r.round).toFixed(1)},${y(r.hit_ratio).toFixed(1)}`).join(" "),
+          },
+          svg("title", { text: `${name}: hit ratio per round` }),
+        ),
+      );
+      for (const row of rows) {
+        const collapsed = row.round === arm.observed_collapse_round;
+        group.append(
+          svg(
+            "circle",
+            {
+              class: collapsed ? "point collapse" : "point",
+              cx: x(row.round).toFixed(1),
+              cy: y(row.hit_ratio).toFixed(1),
+              r: collapsed ? 5.5 : rows.length > 60 ? 1.5 : 3,
+              fill: colors[name],
+            },
+            svg("title", {
+              text:
+                `${name} · round ${row.round}: hit ratio ${fmtPct(row.hit_ratio)}` +
+                ` (ideal ${fmtPct(row.ideal_hit_ratio)})` +
+                (collapsed ? " · first round below the collapse tolerance" : ""),
+            }),
+          ),
+        );
+      }
+      root.append(group);
+    }
+    // the ideal, drawn over the arms' lines (an arm that tracks it would hide it): one neutral dashed line when
+    // every arm has the same ideal, else one dashed line per arm in its colour
+    const ideals = arms.map(([name, arm]) => [name, (arm.rows || []).map((r) => [r.round, r.ideal_hit_ratio])]);
+    const union = new Map();
+    let shared = true; // compared on the rounds both arms have: a running arm may be a round behind
+    for (const [, points] of ideals) {
+      for (const [r, v] of points) {
+        if (union.has(r) && Math.abs(union.get(r) - v) > 1e-9) shared = false;
+        union.set(r, v);
+      }
+    }
+    const idealGroup = svg("g", { class: "ideals" });
+    const drawn = shared ? [["", [...union].sort((a, b) => a[0] - b[0])]] : ideals;
+    for (const [name, points] of drawn) {
+      if (!points.length) continue;
+      idealGroup.append(
+        svg(
+          "polyline",
+          {
+            class: "ideal-line",
+            "data-arm": shared ? null : name,
+            points: points.map(([r, v]) => `${x(r).toFixed(1)},${y(v).toFixed(1)}`).join(" "),
+            style: { stroke: shared ? "var(--ideal)" : colors[name] },
+          },
+          svg("title", { text: shared ? "ideal hit ratio (every arm)" : `${name}: ideal hit ratio` }),
+        ),
+      );
+    }
+    root.append(idealGroup);
+    fill("ab-chart", root);
+
+    const legend = arms.map(([name]) => legendItem(name, colors[name], "solid"));
+    if (shared) legend.push(legendItem("ideal (planner), every arm", "var(--ideal)", "dashed"));
+    else legend.push(...arms.map(([name]) => legendItem(`${name} ideal`, colors[name], "dashed")));
+    if (arms.some(([, arm]) => arm.prediction && arm.prediction.collapse_round)) {
+      legend.push(legendItem("predicted collapse", "var(--muted)", "dotted"));
+    }
+    if (arms.some(([, arm]) => arm.observed_collapse_round)) {
+      legend.push(legendItem("observed collapse (first round below tolerance)", "var(--muted)", "dot"));
+    }
+    fill("ab-chart-legend", legend);
+  }
+
+  function legendItem(text, color, kind) {
+    const mark =
+      kind === "dot"
+        ? svg("circle", { cx: 13, cy: 5, r: 4.5, style: { fill: color } })
+        : kind === "box"
+          ? svg("rect", { x: 6, y: 0, width: 14, height: 10, style: { fill: color } })
+          : svg("line", {
+              x1: 0,
+              x2: 26,
+              y1: 5,
+              y2: 5,
+              style: { stroke: color },
+              "stroke-width": kind === "solid" ? 2.5 : 1.5,
+              "stroke-dasharray": kind === "dashed" ? "6 4" : kind === "dotted" ? "2 3" : null,
+            });
+    return el("li", {}, svg("svg", { viewBox: "0 0 26 10", "aria-hidden": "true" }, mark), el("span", { text }));
+  }
+
+  function drawBytesCharts(detail, colors) {
+    const arms = Object.entries(detail.arms || {});
+    const tiers = tierColors(detail);
+    const rounds = Math.max(1, detail.rounds || 0);
+    const totals = arms.flatMap(([, arm]) => (arm.rows || []).map((r) => sum(Object.values(r.written_bytes || {}))));
+    const top = Math.max(1, ...totals);
+    const unit = byteUnit(top);
+    const unitStep = niceStep(top / 1000 ** unit, 4);
+    const step = unitStep * 1000 ** unit;
+    const digits = Math.max(0, -Math.floor(Math.log10(unitStep) + 1e-9));
+    const max = Math.ceil(top / step) * step;
+    const margin = { left: 62, right: 10, top: 24, bottom: 30 };
+    const width = 440;
+    const height = 210;
+
+    const charts = arms.map(([name, arm], index) => {
+      const rows = arm.rows || [];
+      const written = totalsByTier(rows, "written_bytes");
+      const summary = Object.entries(written)
+        .map(([tier, bytes]) => `${tier} ${fmtBytes(bytes)}`)
+        .join(", ");
+      const title = `${name}: bytes written per round, by tier`;
+      const description = `total written: ${summary || "nothing yet"}`;
+      const { root, plotW, plotH } = frame(width, height, margin, title, description, `bytes-${index}`);
+      setAttrs(root, { class: "bytes-svg", "data-arm": name });
+      const band = plotW / rounds;
+      const y = (v) => margin.top + (1 - v / max) * plotH;
+      const grid = svg("g", { class: "grid" });
+      const axis = svg("g", { class: "axis" });
+      for (let v = 0; v <= max * 1.0001; v += step) {
+        grid.append(svg("line", { x1: margin.left, x2: margin.left + plotW, y1: y(v), y2: y(v) }));
+        const label = v ? fmtBytes(v, unit, digits) : "0";
+        axis.append(svg("text", { x: margin.left - 6, y: y(v) + 4, "text-anchor": "end", text: label }));
+      }
+      for (const r of roundTicks(rounds, 12)) {
+        const at = { x: margin.left + (r - 0.5) * band, y: margin.top + plotH + 14 };
+        axis.append(svg("text", { ...at, "text-anchor": "middle", text: r }));
+      }
+      axis.append(
+        svg("line", { x1: margin.left, x2: margin.left + plotW, y1: margin.top + plotH, y2: margin.top + plotH }),
+        svg("text", { x: margin.left + plotW / 2, y: height - 2, "text-anchor": "middle", text: "round" }),
+      );
+      root.append(
+        grid,
+        axis,
+        svg("rect", { x: margin.left, y: 4, width: 10, height: 10, rx: 2, fill: colors[name] }),
+        svg("text", {
+          class: "chart-title",
+          x: margin.left + 16,
+          y: 13,
+          text: `${name} · written ${fmtBytes(sum(Object.values(written)))}`,
+        }),
+      );
+      const bars = svg("g", { class: "bars" });
+      for (const row of rows) {
+        let base = 0;
+        for (const [tier, bytes] of Object.entries(row.written_bytes || {})) {
+          if (!bytes) continue;
+          bars.append(
+            svg(
+              "rect",
+              {
+                class: "bar",
+                "data-tier": tier,
+                x: (margin.left + (row.round - 1) * band + band * 0.15).toFixed(1),
+                width: (band * 0.7).toFixed(1),
+                y: y(base + bytes).toFixed(1),
+                height: Math.max(0.5, y(base) - y(base + bytes)).toFixed(1),
+                fill: tiers[tier],
+              },
+              svg("title", {
+                text: `${name} · round ${row.round} · ${tier}: ${fmtBytes(bytes)} written (${fmtInt(bytes)} B)`,
+              }),
+            ),
+          );
+          base += bytes;
+        }
+      }
+      root.append(bars);
+      return root;
+    });
+    fill("bytes-chart", charts);
+    fill(
+      "bytes-chart-legend",
+      Object.entries(tiers).map(([tier, color]) => legendItem(`tier ${tier}`, color, "box")),
+    );
+  }
+
+  function drawArmCards(detail, colors) {
+    const cards = Object.entries(detail.arms || {}).map(([name, arm]) => {
+      const rows = arm.rows || [];
+      const last = rows.at(-1);
+      const query = sum(rows.map((r) => r.query_tokens || 0));
+      const hits = sum(rows.map((r) => r.hit_tokens || 0));
+      const evictions = totalsByTier(rows, "evictions");
+      const observed = arm.observed_collapse_round;
+      const predicted = arm.prediction && arm.prediction.collapse_round;
+      const items = [
+        ["rounds", `${arm.rounds_done} / ${detail.rounds}`],
+        ["hit ratio, last round", last ? `${fmtPct(last.hit_ratio)} (ideal ${fmtPct(last.ideal_hit_ratio)})` : "–"],
+        ["hit ratio, all rounds", query ? fmtPct(hits / query) : "–"],
+        ["collapse predicted", predicted ? `round ${predicted}` : "no"],
+        ["collapse observed", observed ? `round ${observed}` : "no", !!observed],
+        ["TTFT mean, last round", last && last.ttft_s ? `${last.ttft_s.mean.toFixed(2)} s` : "–"],
+        ...Object.entries(evictions).map(([tier, n]) => [`evictions, ${tier}`, fmtInt(n)]),
+      ];
+      return el(
+        "div",
+        { class: "card", "data-arm": name },
+        el("h4", {}, el("span", { class: "swatch", style: { background: colors[name] }, "aria-hidden": "true" }), name),
+        el(
+          "dl",
+          {},
+          items.map(([term, value, bad]) => [
+            el("dt", { text: term }),
+            el("dd", { class: bad ? "bad" : null, text: value }),
+          ]),
+        ),
+      );
+    });
+    fill("arm-cards", cards);
+  }
+
+  // ---------------------------------------------------------------------------------------------- verdicts
+
+  const OUTCOMES = { true: ["pass", "PASS"], false: ["fail", "FAIL"] };
+
+  function verdictTable(verdicts, withRuns, titleId) {
+    const head = ["Criterion", "Result", "Summary", withRuns ? "Runs" : null, "Digest", "Evidence"];
+    const rows = verdicts.map((v) => {
+      const [kind, word] = OUTCOMES[v.passed] || ["error", "ERROR"];
+      const id = v.verdict_id;
+      const links =
+        id === null || id === undefined
+          ? "–"
+          : el(
+              "span",
+              { class: "verdict-links" },
+              el("a", { href: verdictHref(id), title: `evidence of verdict ${id} (JSON)`, text: `#${id} evidence` }),
+              el("a", { href: `${verdictHref(id)}/bundle`, title: `evidence bundle of verdict ${id}`, text: "bundle" }),
+            );
+      const digest = v.digest ? String(v.digest) : null;
+      return el(
+        "tr",
+        { class: `verdict ${kind}`, "data-verdict": id },
+        el("td", {}, el("span", { class: "mono", text: v.criterion || "–" })),
+        el("td", {}, badge(kind, word)),
+        el("td", { text: v.summary || v.error || "" }),
+        withRuns ? el("td", { text: runsOf(v.runs) }) : null,
+        el("td", { class: "mono digest", title: digest, text: digest ? `${digest.slice(0, 12)}…` : "–" }),
+        el("td", {}, links),
+      );
+    });
+    return el("table", { "aria-describedby": titleId }, headRow(head.filter(Boolean)), el("tbody", {}, rows));
+  }
+
+  /** A verdict's runs, whether the API gives a list, a {role: run} object or a string. */
+  function runsOf(runs) {
+    if (Array.isArray(runs)) return runs.join(", ");
+    if (runs && typeof runs === "object") return Object.values(runs).join(", ");
+    return runs ? String(runs) : "–";
+  }
+
+  function renderAllVerdicts() {
+    const section = byId("verdicts");
+    section.hidden = !state.verdicts || !state.verdicts.length;
+    if (section.hidden) return;
+    const newest = [...state.verdicts].sort((a, b) => (b.verdict_id || 0) - (a.verdict_id || 0)).slice(0, 50);
+    fill("verdicts-body", verdictTable(newest, true, "verdicts-title"));
+  }
+
+  // ------------------------------------------------------------------------------------------------- start
+
+  window.addEventListener("hashchange", () => {
+    state.selected = choose(state.tests);
+    render();
+    poll();
+  });
+  poll();
+})();
