@@ -308,7 +308,7 @@ def evidence_export(
         list[int] | None, typer.Option("--verdict", help="verdict id (repeat); all when omitted")
     ] = None,
 ) -> None:
-    """Write an evidence bundle: evidence.json (documents and digests) and samples.parquet."""
+    """Write an evidence bundle: evidence.json (documents, digests), samples.parquet and chunks.parquet."""
     from kvscope.verifier.db import Database, VerifierError
     from kvscope.verifier.evidence import export_bundle
 
@@ -319,7 +319,7 @@ def evidence_export(
             export_bundle(database, verdict or [], out)
     except VerifierError as error:
         raise _fail(error) from None
-    console.print(f"wrote {out}/evidence.json and {out}/samples.parquet")
+    console.print(f"wrote {out}/: evidence.json, samples.parquet, chunks.parquet")
 
 
 @evidence_app.command("check")

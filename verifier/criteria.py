@@ -9,6 +9,8 @@ a `passed` column; a criterion passes when it returned rows and every row passed
 Counter increases follow Prometheus' increase() across resets: a sample lower than the one before it starts a new
 counter, whose value counts from zero. Unlike increase(), nothing is extrapolated past the first and last sample:
 the increase is what the run's samples show. Gauges are measured as the criterion says (last - first, max - min...).
+Whole-run criteria read the per-batch chunk summaries (schema.py) rather than every sample; per-round and
+per-reset criteria read the samples.
 Before a query runs, every metric it reads must have samples in its run (at least two per series for a delta):
 an empty or missing series is an error that names it, never a pass.
 """
@@ -466,7 +468,7 @@ def evaluate(db: Database, criterion: _Criterion, runs: Mapping[str, Run]) -> Ou
 def _check_input(db: Database, criterion: _Criterion, run: Run, metric: Metric, needs_delta: bool) -> list[int]:
     rows = run_sql(
         db.con,
-        f"SELECT s.series_id, count(p.ts) FROM series s LEFT JOIN samples p USING (series_id) "
+        f"SELECT s.series_id, coalesce(sum(c.samples), 0) FROM series s LEFT JOIN sample_chunks c USING (series_id) "
         f"WHERE {_series_filter(run, metric, 's.')} GROUP BY s.series_id",
     )
     where = f"criterion {criterion.name!r}: run {run.name!r}"
@@ -490,17 +492,20 @@ _MEASURES: dict[str, str] = {
 
 
 def _per_series(run: Run, metric: Metric) -> str:
-    """One row per series of `metric` in `run`: its reset-adjusted increase and first/last/min/max."""
+    """One row per series of `metric` in `run`, merged from its chunks (schema.py): increases inside each chunk,
+    plus the step from one chunk's last sample to the next one's first by the same reset rule; first, last, min,
+    max. The same numbers a scan of every sample gives, from a few rows per series."""
     return f"""
-    SELECT s.series_id, s.target, s.labels, s.kind, count(*) AS samples, min(p.ts) AS first_ts, max(p.ts) AS last_ts,
-           sum(CASE WHEN p.prev IS NULL THEN 0 WHEN p.value < p.prev THEN p.value ELSE p.value - p.prev END)
-               AS increase,
-           count(*) FILTER (WHERE p.value < p.prev) AS resets,
-           arg_min(p.value, p.ts) AS first_value, arg_max(p.value, p.ts) AS last_value,
-           min(p.value) AS min_value, max(p.value) AS max_value
+    SELECT s.series_id, s.target, s.labels, s.kind, sum(c.samples) AS samples,
+           min(c.first_ts) AS first_ts, max(c.last_ts) AS last_ts,
+           sum(c.increase + CASE WHEN c.prev_last IS NULL THEN 0 WHEN c.first_value < c.prev_last THEN c.first_value
+                                 ELSE c.first_value - c.prev_last END) AS increase,
+           sum(c.resets + CASE WHEN c.first_value < c.prev_last THEN 1 ELSE 0 END) AS resets,
+           arg_min(c.first_value, c.first_ts) AS first_value, arg_max(c.last_value, c.last_ts) AS last_value,
+           min(c.min_value) AS min_value, max(c.max_value) AS max_value
     FROM series s
-    JOIN (SELECT series_id, ts, value, lag(value) OVER (PARTITION BY series_id ORDER BY ts) AS prev FROM samples
-          WHERE series_id IN (SELECT series_id FROM series WHERE {_series_filter(run, metric)})) p USING (series_id)
+    JOIN (SELECT *, lag(last_value) OVER (PARTITION BY series_id ORDER BY first_ts) AS prev_last FROM sample_chunks
+          WHERE series_id IN (SELECT series_id FROM series WHERE {_series_filter(run, metric)})) c USING (series_id)
     GROUP BY s.series_id, s.target, s.labels, s.kind"""
 
 

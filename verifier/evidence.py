@@ -3,12 +3,16 @@
 A verdict's evidence is one JSON document: the criterion as written, the runs it was bound to, the SQL verbatim,
 the rows it returned, the threshold, the series it read (with their labels and sample counts), the time range, and
 the kvscope and DuckDB versions. Its digest is sha256 over the document's canonical JSON (sorted keys, no spaces,
-UTF-8), a newline, and the samples it read: series_id as little-endian int64, then ts, then value as little-endian
-float64, each column in (series_id, ts) order.
+UTF-8), a newline, and the chunks of samples it read (schema.py: each chunk is a batch of one series, hashed when
+it was written), in (series_id, first_ts) order, each as series_id (little-endian int64), first_ts and last_ts
+(little-endian float64), its sample count (int64) and its 32-byte sha256. Every sample is covered, yet stamping a
+verdict reads a few rows per series rather than every sample.
 
-A bundle is a directory: `evidence.json` (the documents and their digests) and `samples.parquet` (every sample the
-verdicts read). `check_bundle` rebuilds the tables from the bundle, recomputes each digest and re-runs each SQL:
-an edited document, an edited sample or a verdict the SQL no longer gives is reported by name.
+A bundle is a directory: `evidence.json` (the documents and their digests), `samples.parquet` (every sample of the
+series the verdicts read) and `chunks.parquet` (the chunks' bounds, counts and hashes). `check_bundle` recomputes
+every chunk's hash and count from the samples, each digest from the document and the chunks, and re-runs each SQL
+on tables rebuilt from the samples alone: an edited document, an edited sample or a verdict the SQL no longer gives
+is reported by name.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import struct
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -28,6 +33,7 @@ from kvscope import __version__
 from kvscope.units import format_bytes
 from kvscope.verifier.criteria import Outcome, plain_row
 from kvscope.verifier.db import Database, Run, VerifierError, canonical_json, run_sql
+from kvscope.verifier.schema import chunk_digest, chunk_rows
 
 BUNDLE_FORMAT = "kvscope-evidence/1"
 FLOAT_TOLERANCE = 1e-9  # re-run sums of doubles may differ in the last bits (parallel aggregation order)
@@ -43,28 +49,33 @@ class Verdict:
     digest: str
 
 
-def samples_of(con: duckdb.DuckDBPyConnection, series_ids: list[int]) -> dict[str, np.ndarray]:
-    """The samples of `series_ids` in digest order."""
-    if not series_ids:
-        return {"series_id": np.empty(0, np.int64), "ts": np.empty(0), "value": np.empty(0)}
-    ids = ", ".join(map(str, series_ids))
-    result = con.execute(f"SELECT series_id, ts, value FROM samples WHERE series_id IN ({ids}) ORDER BY series_id, ts")
-    return result.fetchnumpy()
+def chunks_of(con: duckdb.DuckDBPyConnection, series_ids: list[int]) -> dict[str, np.ndarray]:
+    """The chunks of `series_ids` in digest order: series_id, first_ts, last_ts, samples, sha256."""
+    ids = ", ".join(map(str, series_ids)) or "NULL"
+    return con.execute(
+        "SELECT series_id, first_ts, last_ts, samples, sha256 FROM sample_chunks "
+        f"WHERE series_id IN ({ids}) ORDER BY series_id, first_ts"
+    ).fetchnumpy()
 
 
-def digest(document: Mapping, samples: Mapping[str, np.ndarray]) -> str:
+def digest(document: Mapping, chunks: Mapping[str, np.ndarray]) -> str:
     sha = hashlib.sha256(canonical_json(document).encode())
     sha.update(b"\n")
-    sha.update(np.asarray(samples["series_id"], dtype="<i8").tobytes())
-    sha.update(np.asarray(samples["ts"], dtype="<f8").tobytes())
-    sha.update(np.asarray(samples["value"], dtype="<f8").tobytes())
+    for series_id, first_ts, last_ts, samples, chunk_sha in zip(
+        chunks["series_id"].tolist(), chunks["first_ts"].tolist(), chunks["last_ts"].tolist(),
+        chunks["samples"].tolist(), chunks["sha256"].tolist(), strict=True,
+    ):  # fmt: skip
+        sha.update(_CHUNK.pack(series_id, first_ts, last_ts, samples))
+        sha.update(chunk_sha)
     return sha.hexdigest()
 
 
+_CHUNK = struct.Struct("<qddq")
+
+
 def record_verdict(db: Database, outcome: Outcome, runs: Mapping[str, Run]) -> Verdict:
-    """Build the evidence document of `outcome`, digest it with its samples, and store it as a verdict row."""
-    samples = samples_of(db.con, outcome.series_ids)
-    ts = samples["ts"]
+    """Build the evidence document of `outcome`, digest it with its chunks, and store it as a verdict row."""
+    chunks = chunks_of(db.con, outcome.series_ids)
     document = {
         "format": BUNDLE_FORMAT,
         "criterion": outcome.criterion.model_dump(mode="json", by_alias=True, exclude_defaults=False),
@@ -77,13 +88,15 @@ def record_verdict(db: Database, outcome: Outcome, runs: Mapping[str, Run]) -> V
         "columns": outcome.columns,
         "observed": outcome.rows,
         "sql": outcome.sql,
-        "series": _series_rows(db.con, outcome.series_ids),
-        "sample_count": len(ts),
-        "time_range": [float(ts.min()), float(ts.max())] if len(ts) else None,
+        "series": _series_rows(db.con, outcome.series_ids, chunks),
+        "sample_count": int(chunks["samples"].sum()),
+        "time_range": [float(chunks["first_ts"].min()), float(chunks["last_ts"].max())]
+        if len(chunks["samples"])
+        else None,
         "kvscope_version": __version__,
         "duckdb_version": duckdb.__version__,
     }
-    sha = digest(document, samples)
+    sha = digest(document, chunks)
     (verdict_id,) = run_sql(
         db.con,
         "INSERT INTO verdicts (criterion, kind, runs, passed, evidence, digest, created_at) "
@@ -144,27 +157,27 @@ def _describe_row(row: Mapping, columns: tuple[str, ...], in_bytes: bool) -> str
     return " ".join(parts)
 
 
-def _series_rows(con: duckdb.DuckDBPyConnection, series_ids: list[int]) -> list[dict]:
+def _series_rows(con: duckdb.DuckDBPyConnection, series_ids: list[int], chunks: Mapping[str, np.ndarray]) -> list[dict]:
+    """The series a verdict read, with their labels and how many samples each had."""
     if not series_ids:
         return []
-    ids = ", ".join(map(str, series_ids))
+    counts: dict[int, int] = {}
+    for series_id, samples in zip(chunks["series_id"].tolist(), chunks["samples"].tolist(), strict=True):
+        counts[series_id] = counts.get(series_id, 0) + samples
     result = con.execute(
-        "SELECT s.series_id, s.run_id, s.target, s.source, s.name, s.kind, s.normalized, s.labels, "
-        f"(SELECT count(*) FROM samples p WHERE p.series_id = s.series_id) AS samples "
-        f"FROM series s WHERE s.series_id IN ({ids}) ORDER BY s.series_id"
+        "SELECT series_id, run_id, target, source, name, kind, normalized, labels "
+        f"FROM series WHERE series_id IN ({', '.join(map(str, series_ids))}) ORDER BY series_id"
     )
     columns = [c[0] for c in result.description]
     rows = [dict(zip(columns, row, strict=True)) for row in result.fetchall()]
     for row in rows:
         row["labels"] = json.loads(row["labels"])
+        row["samples"] = counts.get(row["series_id"], 0)
     return rows
 
 
-# --------------------------------------------------------------------------------------------- bundles
-
-
 def export_bundle(db: Database, verdict_ids: list[int], out: Path) -> Path:
-    """Write `out/evidence.json` and `out/samples.parquet` for the given verdicts (all when empty)."""
+    """Write the bundle of the given verdicts (all when empty): evidence.json, samples.parquet, chunks.parquet."""
     where = f"WHERE verdict_id IN ({', '.join(map(str, verdict_ids))})" if verdict_ids else ""
     rows = run_sql(db.con, f"SELECT verdict_id, evidence, digest FROM verdicts {where} ORDER BY verdict_id")
     if not rows:
@@ -174,17 +187,19 @@ def export_bundle(db: Database, verdict_ids: list[int], out: Path) -> Path:
         raise VerifierError(f"{db.path}: no verdict with id {', '.join(map(str, sorted(missing)))}")
     out.mkdir(parents=True, exist_ok=True)
     verdicts = [{"verdict_id": vid, "digest": sha, "document": json.loads(doc)} for vid, doc, sha in rows]
-    series_ids = sorted({s["series_id"] for v in verdicts for s in v["document"]["series"]})
-    ids = ", ".join(map(str, series_ids)) or "NULL"
-    parquet = out / "samples.parquet"
-    run_sql(
-        db.con,
-        f"COPY (SELECT series_id, ts, value FROM samples WHERE series_id IN ({ids}) ORDER BY series_id, ts) "
-        f"TO {_quote(str(parquet))} (FORMAT parquet)",
-    )
+    ids = ", ".join(map(str, sorted({s["series_id"] for v in verdicts for s in v["document"]["series"]}))) or "NULL"
+    for query, name in (
+        (f"SELECT series_id, ts, value FROM samples WHERE series_id IN ({ids}) ORDER BY series_id, ts", SAMPLES),
+        (f"SELECT {_CHUNK_COLUMNS} FROM sample_chunks WHERE series_id IN ({ids}) ORDER BY series_id, first_ts", CHUNKS),
+    ):
+        run_sql(db.con, f"COPY ({query}) TO {_quote(str(out / name))} (FORMAT parquet)")
     bundle = {"format": BUNDLE_FORMAT, "database": db.path, "exported_at": time.time(), "verdicts": verdicts}
-    (out / "evidence.json").write_text(json.dumps(bundle, indent=2, sort_keys=True) + "\n")
+    (out / MANIFEST).write_text(json.dumps(bundle, indent=2, sort_keys=True) + "\n")
     return out
+
+
+MANIFEST, SAMPLES, CHUNKS = "evidence.json", "samples.parquet", "chunks.parquet"
+_CHUNK_COLUMNS = "series_id, first_ts, last_ts, samples, sha256"
 
 
 @dataclass
@@ -198,27 +213,28 @@ class CheckReport:
 
 
 def check_bundle(bundle: Path) -> CheckReport:
-    """Recompute every digest and verdict of a bundle from its own files; list whatever does not match."""
-    manifest, parquet = bundle / "evidence.json", bundle / "samples.parquet"
-    for path in (manifest, parquet):
-        if not path.is_file():
-            raise VerifierError(f"{bundle}: not an evidence bundle: {path.name} is missing")
+    """Recompute every chunk hash, digest and verdict of a bundle from its own files; list what does not match."""
+    for name in (MANIFEST, SAMPLES, CHUNKS):
+        if not (bundle / name).is_file():
+            raise VerifierError(f"{bundle}: not an evidence bundle: {name} is missing")
     try:
-        data = json.loads(manifest.read_text())
-        verdicts = data["verdicts"]
+        verdicts = json.loads((bundle / MANIFEST).read_text())["verdicts"]
     except (ValueError, KeyError, TypeError) as error:
-        raise VerifierError(f"{manifest}: not a kvscope evidence file: {error}") from None
+        raise VerifierError(f"{bundle / MANIFEST}: not a kvscope evidence file: {error}") from None
     report = CheckReport()
     with Database(":memory:") as scratch:
-        _load_bundle(scratch, verdicts, parquet)
+        _load_bundle(scratch, verdicts, bundle)
+        altered = _altered_series(scratch)
         for verdict in verdicts:
             report.checked += 1
-            report.problems += _check_verdict(scratch, verdict)
+            report.problems += _check_verdict(scratch, verdict, altered)
     return report
 
 
-def _load_bundle(db: Database, verdicts: list[dict], parquet: Path) -> None:
-    """The tables a verdict's SQL reads, rebuilt from the bundle: runs and series from the documents."""
+def _load_bundle(db: Database, verdicts: list[dict], bundle: Path) -> None:
+    """The tables a verdict's SQL reads, rebuilt from the bundle: runs and series from the documents, samples from
+    samples.parquet and their chunk summaries from the samples themselves (one chunk per series merges the same);
+    the recorded chunk hashes go to `bundle_chunks`."""
     series: dict[int, dict] = {}
     runs: dict[int, dict] = {}
     for verdict in verdicts:
@@ -239,16 +255,58 @@ def _load_bundle(db: Database, verdicts: list[dict], parquet: Path) -> None:
             for s in series.values()
         ],
     )  # fmt: skip
-    run_sql(db.con, f"INSERT INTO samples SELECT series_id, ts, value FROM read_parquet({_quote(str(parquet))})")
+    run_sql(
+        db.con, f"INSERT INTO samples SELECT series_id, ts, value FROM read_parquet({_quote(str(bundle / SAMPLES))})"
+    )
+    run_sql(db.con, f"INSERT INTO sample_chunks SELECT *, ''::BLOB FROM ({chunk_rows('samples')})")
+    run_sql(
+        db.con,
+        f"CREATE TEMP TABLE bundle_chunks AS SELECT {_CHUNK_COLUMNS} FROM read_parquet({_quote(str(bundle / CHUNKS))})",
+    )
 
 
-def _check_verdict(db: Database, verdict: dict) -> list[str]:
+def _altered_series(db: Database) -> dict[int, str]:
+    """Series whose samples do not match their recorded chunks (count or hash), with what is wrong."""
+    samples = db.con.execute("SELECT series_id, ts, value FROM samples ORDER BY series_id, ts").fetchnumpy()
+    chunks = db.con.execute(f"SELECT {_CHUNK_COLUMNS} FROM bundle_chunks ORDER BY series_id, first_ts").fetchnumpy()
+    ids, ts, values = samples["series_id"], samples["ts"], samples["value"]
+    series, starts = np.unique(ids, return_index=True)
+    bounds = dict(
+        zip(series.tolist(), zip(starts.tolist(), [*starts[1:].tolist(), len(ids)], strict=True), strict=True)
+    )
+    altered: dict[int, str] = {}
+    covered: dict[int, int] = {}
+    for series_id, first_ts, last_ts, count, sha in zip(
+        chunks["series_id"].tolist(), chunks["first_ts"].tolist(), chunks["last_ts"].tolist(),
+        chunks["samples"].tolist(), chunks["sha256"].tolist(), strict=True,
+    ):  # fmt: skip
+        begin, end = bounds.get(series_id, (0, 0))
+        low = begin + int(np.searchsorted(ts[begin:end], first_ts, "left"))
+        high = begin + int(np.searchsorted(ts[begin:end], last_ts, "right"))
+        covered[series_id] = covered.get(series_id, 0) + high - low
+        if high - low != count or chunk_digest(ts[low:high], values[low:high]) != sha:
+            altered.setdefault(series_id, f"its samples from {first_ts:.3f} to {last_ts:.3f} do not match their hash")
+    for series_id, (begin, end) in bounds.items():
+        if covered.get(series_id, 0) != end - begin:
+            altered.setdefault(
+                series_id, f"{end - begin} samples where its chunks account for {covered.get(series_id, 0)}"
+            )
+    return altered
+
+
+def _check_verdict(db: Database, verdict: dict, altered: dict[int, str]) -> list[str]:
     document, name = verdict["document"], f"verdict {verdict.get('verdict_id')}"
     name += f" ({document.get('criterion', {}).get('name', '?')})"
     series_ids = [s["series_id"] for s in document["series"]]
-    problems = []
-    if digest(document, samples_of(db.con, series_ids)) != verdict["digest"]:
-        problems.append(f"{name}: digest mismatch: the document or the samples it read were changed")
+    problems = [
+        f"{name}: series {sid}: {altered[sid]}: the samples were changed" for sid in series_ids if sid in altered
+    ]
+    ids = ", ".join(map(str, series_ids)) or "NULL"
+    chunks = db.con.execute(
+        f"SELECT {_CHUNK_COLUMNS} FROM bundle_chunks WHERE series_id IN ({ids}) ORDER BY series_id, first_ts"
+    ).fetchnumpy()
+    if digest(document, chunks) != verdict["digest"]:
+        problems.append(f"{name}: digest mismatch: the document or its chunk hashes were changed")
     try:
         result = db.con.execute(document["sql"])
         columns = [c[0] for c in result.description]

@@ -11,14 +11,43 @@ Tables:
 - samples: (series_id, ts, value); ts is unix seconds. Written only in whole batches (see `batches`).
 - batches: one row per committed batch, in the same transaction as its samples: what a crash can lose is the
   batch in flight, never part of one.
+- sample_chunks: each batch's samples summarized per series (first, last, min, max, count, reset-adjusted
+  increase, resets) with a sha256 of those samples, written with the batch. Consecutive chunks of a series merge
+  exactly (criteria.py), so a whole-run verdict reads a few rows per series instead of every sample, as
+  Prometheus reads chunk indexes, and its digest chains the chunks' hashes. Samples stay the source of truth: an
+  evidence bundle carries them, and checking it recomputes every chunk hash and summary from them.
 - verdicts: one evaluated criterion: pass/fail, observed values, threshold, the SQL, and the evidence digest.
 """
 
 from __future__ import annotations
 
+import hashlib
+
 import duckdb
+import numpy as np
 
 from kvscope.verifier.errors import SchemaError
+
+
+def chunk_digest(ts: np.ndarray, values: np.ndarray) -> bytes:
+    """sha256 of one chunk's samples in time order: the timestamps, then the values, as little-endian float64."""
+    sha = hashlib.sha256(np.asarray(ts, dtype="<f8").tobytes())
+    sha.update(np.asarray(values, dtype="<f8").tobytes())
+    return sha.digest()
+
+
+def chunk_rows(source: str) -> str:
+    """A SELECT of one `sample_chunks` row per series of `source` (a relation of series_id, ts, value), with
+    Prometheus' increase() rule inside the chunk: a sample lower than the one before it is a reset."""
+    return f"""
+    SELECT series_id, min(ts) AS first_ts, max(ts) AS last_ts,
+           arg_min(value, ts) AS first_value, arg_max(value, ts) AS last_value,
+           min(value) AS min_value, max(value) AS max_value, count(*) AS samples,
+           sum(CASE WHEN prev IS NULL THEN 0 WHEN value < prev THEN value ELSE value - prev END) AS increase,
+           count(*) FILTER (WHERE value < prev) AS resets
+    FROM (SELECT series_id, ts, value, lag(value) OVER (PARTITION BY series_id ORDER BY ts) AS prev FROM {source})
+    GROUP BY series_id"""
+
 
 MIGRATIONS: tuple[str, ...] = (
     # 1: the first schema
@@ -56,6 +85,19 @@ MIGRATIONS: tuple[str, ...] = (
         series_id  INTEGER NOT NULL,
         ts         DOUBLE NOT NULL,
         value      DOUBLE NOT NULL
+    );
+    CREATE TABLE sample_chunks (
+        series_id    INTEGER NOT NULL,
+        first_ts     DOUBLE NOT NULL,
+        last_ts      DOUBLE NOT NULL,
+        first_value  DOUBLE NOT NULL,
+        last_value   DOUBLE NOT NULL,
+        min_value    DOUBLE NOT NULL,
+        max_value    DOUBLE NOT NULL,
+        samples      BIGINT NOT NULL,
+        increase     DOUBLE NOT NULL,
+        resets       BIGINT NOT NULL,
+        sha256       BLOB NOT NULL         -- chunk_digest() of the chunk's samples
     );
     CREATE SEQUENCE batch_ids START 1;
     CREATE TABLE batches (

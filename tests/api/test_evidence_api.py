@@ -213,7 +213,7 @@ def test_a_bundle_download_checks_out_unzipped(client, tmp_path):
     response = client.get(f"/api/v1/verdicts/{verdict_id['verdict_id']}/bundle")
     assert response.status_code == 200 and response.headers["content-type"] == "application/zip"
     with zipfile.ZipFile(io.BytesIO(response.content)) as archive:
-        assert sorted(archive.namelist()) == ["evidence.json", "samples.parquet"]
+        assert sorted(archive.namelist()) == ["chunks.parquet", "evidence.json", "samples.parquet"]
         archive.extractall(tmp_path)
     report = check_bundle(tmp_path)
     assert (report.ok, report.checked, report.problems) == (True, 1, [])

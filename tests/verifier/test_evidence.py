@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 from kvscope.cli import app
 from kvscope.verifier.criteria import CriteriaFile, evaluate
 from kvscope.verifier.db import VerifierError
-from kvscope.verifier.evidence import check_bundle, digest, export_bundle, record_verdict, samples_of
+from kvscope.verifier.evidence import check_bundle, chunks_of, digest, export_bundle, record_verdict
+from kvscope.verifier.schema import chunk_digest
 
 runner = CliRunner()
 CRITERIA = {
@@ -49,14 +50,18 @@ def test_an_untouched_bundle_checks_out(bundle):
     assert result.exit_code == 0 and "2 verdict(s) recomputed" in result.output
 
 
-def test_the_digest_covers_the_document_and_the_samples_it_read(recording, bundle):
+def test_the_digest_covers_the_document_and_every_sample_through_the_chunk_hashes(recording, bundle):
     verdict = json.loads((bundle / "evidence.json").read_text())["verdicts"][0]
     document = verdict["document"]
-    samples = samples_of(recording.db.con, [s["series_id"] for s in document["series"]])
-    assert digest(document, samples) == verdict["digest"]
-    assert document["sample_count"] == len(samples["ts"]) == 6
-    samples["value"][-1] += 1
-    assert digest(document, samples) != verdict["digest"]
+    chunks = chunks_of(recording.db.con, [s["series_id"] for s in document["series"]])
+    assert digest(document, chunks) == verdict["digest"]
+    assert document["sample_count"] == int(chunks["samples"].sum()) == 6
+    (first_id, *_), first_hash = chunks["series_id"], chunks["sha256"][0]
+    stored = recording.db.con.execute(f"SELECT ts, value FROM samples WHERE series_id = {first_id} ORDER BY ts")
+    ts, values = zip(*stored.fetchall(), strict=True)
+    assert chunk_digest(list(ts), list(values)) == first_hash  # the chunk hash is over the samples themselves
+    chunks["sha256"][0] = bytes(32)
+    assert digest(document, chunks) != verdict["digest"]
     assert "increase" in document["sql"] and document["duckdb_version"] == duckdb.__version__
 
 
@@ -69,7 +74,7 @@ def test_an_edited_sample_is_caught_by_digest_and_by_the_rerun(bundle):
         ).fetchall()
     (bundle / "edited.parquet").replace(parquet)
     problems = check_bundle(bundle).problems
-    assert any("verdict 1 (save): digest mismatch" in p for p in problems)
+    assert any(p.startswith("verdict 1 (save): series") and "the samples were changed" in p for p in problems)
     assert any("verdict 1 (save): recorded pass, the samples say otherwise" in p for p in problems)
     result = runner.invoke(app, ["evidence", "check", str(bundle)])
     assert result.exit_code == 1 and "tampered" in result.output
@@ -81,8 +86,7 @@ def test_an_edited_verdict_is_caught_even_when_its_digest_is_recomputed(recordin
     def forge(verdict: dict) -> None:
         document = verdict["document"]
         document["observed"][0]["b_value"] = 1000
-        samples = samples_of(recording.db.con, [s["series_id"] for s in document["series"]])
-        verdict["digest"] = digest(document, samples)
+        verdict["digest"] = digest(document, chunks_of(recording.db.con, [s["series_id"] for s in document["series"]]))
 
     rewrite_manifest(bundle, forge)
     assert check_bundle(bundle).problems == [
@@ -104,10 +108,22 @@ def test_any_edit_of_the_document_breaks_its_digest(bundle, edit):
     assert any("digest mismatch" in p for p in check_bundle(bundle).problems)
 
 
-def test_a_bundle_missing_its_samples_is_not_a_bundle(bundle):
-    (bundle / "samples.parquet").unlink()
-    with pytest.raises(VerifierError, match=r"samples\.parquet is missing"):
+@pytest.mark.parametrize("name", ["samples.parquet", "chunks.parquet", "evidence.json"])
+def test_a_bundle_missing_a_file_is_not_a_bundle(bundle, name):
+    (bundle / name).unlink()
+    with pytest.raises(VerifierError, match=f"{name} is missing"):
         check_bundle(bundle)
+
+
+def test_a_deleted_sample_is_caught_by_the_chunk_counts(bundle):
+    parquet = bundle / "samples.parquet"
+    with duckdb.connect() as con:
+        con.execute(
+            f"COPY (SELECT * FROM read_parquet('{parquet}') WHERE value <> 400) TO '{bundle}/less.parquet' "
+            "(FORMAT parquet)"
+        ).fetchall()
+    (bundle / "less.parquet").replace(parquet)
+    assert any("the samples were changed" in p for p in check_bundle(bundle).problems)
 
 
 def test_recording_the_same_verdict_twice_gives_the_same_digest(recording, bundle):
