@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import string
 from collections.abc import Iterable
-from functools import cache
+from functools import cache, cached_property
 from importlib import resources
 from typing import Literal
 
@@ -20,6 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from kvscope.model import INSTRUMENTS
 from kvscope.samples import Labels, Sample, labels_of
+
+# Mapping._series is emptied past this many entries: a source whose label values churn must not grow it forever.
+MAX_CACHED_SERIES = 1 << 16
 
 
 class MappingError(ValueError):
@@ -52,26 +55,47 @@ class Mapping(BaseModel):
 
     def apply(self, samples: Iterable[Sample], target_labels: dict[str, str]) -> list[Sample]:
         """The normalized samples of one scrape."""
+        wanted = {name for rule in self.rules for name in rule.match}
         by_name: dict[str, list[Sample]] = {}
         for sample in samples:
-            by_name.setdefault(sample.name, []).append(sample)
+            if sample.name in wanted:
+                by_name.setdefault(sample.name, []).append(sample)
+        target = tuple(target_labels.items())
+        series = self._series
+        if len(series) > MAX_CACHED_SERIES:
+            series.clear()
         totals: dict[tuple[str, Labels], float] = {}
         for rule in self.rules:
             name = next((n for n in rule.match if n in by_name), None)
             if name is None:
                 continue
+            rule_key = (rule.instrument, tuple(rule.where.items()), tuple(rule.labels.items()))
             for sample in by_name[name]:
-                raw = sample.label_map
-                if any(raw.get(key) != value for key, value in rule.where.items()):
-                    continue
-                context = {**target_labels, **raw}
-                labels = labels_of({key: _fill(template, context) for key, template in rule.labels.items()})
-                key = (rule.instrument, labels)
-                totals[key] = totals.get(key, 0.0) + sample.value * rule.scale
+                key = (rule_key, sample.labels, target)
+                if key not in series:
+                    series[key] = _model_series(rule, sample.label_map, target_labels)
+                if (model := series[key]) is not None:
+                    totals[model] = totals.get(model, 0.0) + sample.value * rule.scale
         return [
             Sample(self.source, name, labels, value, INSTRUMENTS[name].kind, normalized=True)
             for (name, labels), value in totals.items()
         ]
+
+    @cached_property
+    def _series(self) -> dict[tuple, tuple[str, Labels] | None]:
+        """What a rule makes of a raw series, worked out once: a source's series are the same scrape after scrape.
+        (rule's instrument, where and labels; raw labels; target labels) -> the model series the raw series adds
+        to, or None when `where` rejects it. Keyed by content, not position, so a copy of the mapping with other
+        rules can share it."""
+        return {}
+
+
+def _model_series(rule: Rule, raw: dict[str, str], target_labels: dict[str, str]) -> tuple[str, Labels] | None:
+    """The model series `rule` makes of a raw series' labels; None when its `where` rejects them."""
+    if any(raw.get(key) != value for key, value in rule.where.items()):
+        return None
+    context = {**target_labels, **raw}
+    return rule.instrument, labels_of({key: _fill(template, context) for key, template in rule.labels.items()})
 
 
 def _fill(template: str, context: dict[str, str]) -> str:

@@ -7,6 +7,16 @@ performance-management agent, EINVAL from a GID entry with no netdev, EIO from a
 missing `class/infiniband` directory, or a listed device that is not there, fails the scrape (CollectError naming
 the target and the path).
 
+Files are kept open between scrapes. The tree is listed once: its attribute files opened and every sample's labels
+built. Each scrape then re-reads every file with pread at offset 0 (sysfs regenerates an attribute's text on such a
+read, so values are always current): one syscall per file instead of three. Each scrape still lists
+`class/infiniband` and looks up each port's netdev, and the tree is listed again (the old descriptors closed)
+when a device comes or goes, or comes back under the same name (a new directory entry); when a file that was read
+before answers ENODEV or ENOENT (what sysfs answers on a descriptor once its device is unregistered); when a port's
+netdev changed; and at least every RESCAN_S seconds (a file that could not be opened, a tree that is not sysfs,
+whose removed files stay readable through an open descriptor). A collector holds at most FD_SHARE of the soft
+RLIMIT_NOFILE and opens any further file on every read; close() closes them all.
+
 Raw naming scheme: one name per sysfs group, the file name in the `counter` label, the value exactly as sysfs
 prints it (port data counters stay in 4-octet words; the mapping multiplies by 4).
 
@@ -92,12 +102,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import os
 import re
+import resource
 import shutil
 import socket
+import threading
+import time
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,7 +121,7 @@ from typing import Any
 from pydantic import Field
 
 from kvscope.exporters.base import CollectError, Collector, TargetConfig
-from kvscope.samples import Kind, Sample, labels_of
+from kvscope.samples import Kind, Labels, Sample, labels_of
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +163,19 @@ _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*Gb/sec")
 _MTU_BYTES = {1: 256, 2: 512, 3: 1024, 4: 2048, 5: 4096}
 
 
+# The tree is listed again at least this often, even when no device came or went (see the module docstring).
+RESCAN_S = 60.0
+# The share of the soft descriptor limit one collector keeps open; past it, files are opened on every read.
+FD_SHARE = 0.25
+# Read errors that mean the file (or its whole device) went away: sysfs answers ENODEV on a descriptor whose
+# attribute was removed, when the device was unregistered (and perhaps registered again under the same name).
+_GONE = frozenset({errno.ENODEV, errno.ENOENT, errno.ESTALE})
+_READ_SIZE = 65536  # a sysfs attribute is at most one page (64 KiB on some arm64 and ppc64 kernels)
+# DATA_FILES as "group/file", the form of rdma_port_data_words' `file` label.
+_DATA_PATHS = {direction: tuple(f"{g}/{f}" for g, f in candidates) for direction, candidates in DATA_FILES.items()}
+_DATA_FILE_SET = {path for paths in _DATA_PATHS.values() for path in paths}
+
+
 class RdmaTargetConfig(TargetConfig):
     sysfs: Path = Field(Path("/sys"), description="sysfs root holding class/infiniband (e.g. /host/sys in a container)")
     host: str | None = Field(None, description="host label; default: the target's host label, else the hostname")
@@ -186,6 +214,115 @@ class _Scan:
         self.samples.append(Sample(SOURCE, name, labels_of(labels), float(value), kind))
 
 
+class _Stale(Exception):
+    """The tree changed under the layout (a device went away, a netdev was renamed): it is listed again."""
+
+
+class _Attr:
+    """One attribute file, kept open.
+
+    sysfs regenerates an attribute's text on every read at offset 0, so a descriptor opened once and re-read with
+    pread gives the current value for one syscall instead of three (open, read, close). Past the descriptor budget
+    (fd -1) the file is opened on every read instead.
+    """
+
+    __slots__ = ("fd", "path", "seen")
+
+    def __init__(self, path: str, fd: int) -> None:
+        self.path = path
+        self.fd = fd
+        self.seen = False  # read once: from then on, ENODEV or ENOENT means the file went away
+
+    def read(self) -> bytes | None:
+        """The file's bytes; None when it cannot be read (EINVAL, EIO, ...). _Stale when a file read before is gone
+        (a file that never could be read is only skipped, so it cannot make every scrape list the tree again)."""
+        try:
+            data = os.pread(self.fd, _READ_SIZE, 0) if self.fd >= 0 else _read_bytes(self.path)
+        except OSError as error:
+            if self.seen and error.errno in _GONE:
+                raise _Stale(f"{self.path}: {error.strerror}") from None
+            return None
+        self.seen = True
+        return data
+
+
+class _Files:
+    """The descriptors a collector holds, at most FD_SHARE of the soft limit: the process shares that limit with
+    every other target's connections."""
+
+    def __init__(self) -> None:
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        self._budget = int((soft if soft != resource.RLIM_INFINITY else 1 << 20) * FD_SHARE)
+        self._fds: list[int] = []
+
+    def open(self, path: str) -> _Attr | None:
+        """The file as an _Attr; None when it cannot be opened (missing, EACCES, ...)."""
+        if len(self._fds) >= self._budget:
+            return _Attr(path, -1)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as error:  # EMFILE, ENFILE: no descriptor to spare, so it is opened on every read instead
+            return _Attr(path, -1) if error.errno in (errno.EMFILE, errno.ENFILE) else None
+        self._fds.append(fd)
+        return _Attr(path, fd)
+
+    def close(self) -> None:
+        for fd in self._fds:
+            os.close(fd)
+        self._fds.clear()
+
+
+@dataclass(frozen=True, slots=True)
+class _Number:
+    """A numeric attribute and the sample it gives, its labels built once."""
+
+    attr: _Attr
+    name: str
+    labels: Labels
+    kind: Kind
+    max_value: int | None = None  # a PMA counter of fixed width: the value at which it is stuck
+    data: str | None = None  # "group/file" of a file that can count the port's data (DATA_FILES)
+    hw_counter: str | None = None  # a hw counter's file name (`rdma -j statistic show` does not repeat it)
+
+
+@dataclass(slots=True)
+class _PortFiles:
+    """A port as listed: its files, open, and the labels of its samples."""
+
+    device: str
+    port: str
+    labels: dict[str, str]
+    labels_key: Labels
+    link_layer: _Attr | None
+    state: _Attr | None
+    phys_state: _Attr | None
+    rate: _Attr | None
+    counters: list[_Number]  # counters/ then counters_ext/, by name
+    data_words: list[list[tuple[str, Labels]]]  # per direction: ("group/file", the sample's labels), preferred first
+    hw: list[_Number]
+    ndevs: list[str]  # gid_attrs/ndevs/* by index, and the PCI function's net/: where the netdev is looked up
+    net: str
+
+
+@dataclass(slots=True)
+class _DeviceFiles:
+    """A device as listed: its files, open, its labels and its ports."""
+
+    labels: dict[str, str]
+    info: list[tuple[str, _Attr]]
+    hw: list[_Number]
+    ports: list[_PortFiles]
+
+
+@dataclass(slots=True)
+class _Layout:
+    """The tree as listed: what to read and every sample's labels, reused until the tree changes."""
+
+    devices: dict[str, int]  # name -> inode of its class/infiniband entry
+    found: list[_DeviceFiles]
+    rescan_at: float  # time.monotonic() after which the tree is listed again anyway
+
+
 class RdmaCollector(Collector):
     source = "rdma"
     Config = RdmaTargetConfig
@@ -194,6 +331,12 @@ class RdmaCollector(Collector):
         super().__init__(config)
         self.config: RdmaTargetConfig = config
         self._host = config.host or config.labels.get("host") or socket.gethostname()
+        self._root = config.sysfs / "class" / "infiniband"
+        self._live_sysfs = os.path.realpath(config.sysfs) == "/sys"
+        self._files = _Files()
+        self._layout: _Layout | None = None
+        self._lock = threading.Lock()  # a scan that outlived its timeout may still be reading when the next starts
+        weakref.finalize(self, self._files.close)  # a collector dropped without close() leaves no descriptor open
 
     async def collect(self) -> list[Sample]:
         scan = await asyncio.to_thread(self._scan)
@@ -201,12 +344,40 @@ class RdmaCollector(Collector):
             await self._add_tool_counters(scan)
         return scan.samples
 
+    async def close(self) -> None:
+        """Closes the attribute files, in a worker thread: it waits for a scan that may still be reading them."""
+        await asyncio.to_thread(self._forget)
+
     # --- sysfs -------------------------------------------------------------------------------------------------
 
     def _scan(self) -> _Scan:
-        root = self.config.sysfs / "class" / "infiniband"
+        with self._lock:
+            devices = self._devices()
+            layout = self._layout
+            fresh = layout is None or layout.devices != devices or time.monotonic() >= layout.rescan_at
+            if fresh:
+                layout = self._discover(devices)
+            try:
+                scan = self._read(layout, fresh)
+            except _Stale as stale:
+                log.debug("%s: %s; listing the tree again", self.config.name, stale)
+                scan = self._read(self._discover(devices), fresh=True)
+        if (context_class := self._verbs_context()) is not None:
+            _add_verbs_attributes(scan, context_class)
+        return scan
+
+    def _forget(self) -> None:
+        with self._lock:
+            self._layout = None
+            self._files.close()
+
+    def _devices(self) -> dict[str, int]:
+        """The devices to read, by name, with the inode of their class/infiniband entry: a device unregistered and
+        registered again under the same name between two scrapes is a new entry."""
+        root = self._root
         try:
-            present = sorted(entry.name for entry in root.iterdir())
+            with os.scandir(root) as entries:
+                present = {entry.name: entry.inode() for entry in entries}
         except OSError as error:
             reason = error.strerror or type(error).__name__
             raise CollectError(f"{self.config.name}: cannot list RDMA devices at {root}: {reason}") from None
@@ -215,72 +386,100 @@ class RdmaCollector(Collector):
             if missing:
                 raise CollectError(
                     f"{self.config.name}: RDMA device(s) {', '.join(missing)} not found under {root} "
-                    f"(present: {', '.join(present) or 'none'})"
+                    f"(present: {', '.join(sorted(present)) or 'none'})"
                 )
-            present = [device for device in present if device in self.config.devices]
-        scan = _Scan()
-        for device in present:
-            self._scan_device(scan, device, root / device)
-        if (context_class := self._verbs_context()) is not None:
-            _add_verbs_attributes(scan, context_class)
-        return scan
+            present = {device: inode for device, inode in present.items() if device in self.config.devices}
+        return dict(sorted(present.items()))
 
-    def _scan_device(self, scan: _Scan, device: str, path: Path) -> None:
+    def _discover(self, devices: dict[str, int]) -> _Layout:
+        """Lists the tree and opens its files; the descriptors of the previous listing are closed first."""
+        self._files.close()
+        found = [self._discover_device(device, os.path.join(self._root, device)) for device in devices]
+        self._layout = _Layout(devices, found, time.monotonic() + RESCAN_S)
+        return self._layout
+
+    def _discover_device(self, device: str, path: str) -> _DeviceFiles:
         labels = {"host": self._host, "device": device, "role": self._role(device, None, "")}
-        info = {name: text for name in _DEVICE_INFO_FILES if (text := _read(path / name))}
-        if info:
-            scan.add("rdma_device_info", {**labels, **info}, 1, "info")
-        if self.config.hw_counters:
-            _add_hw_counters(scan, path / "hw_counters", "rdma_device_hw_counter", labels)
-        for port_dir in _subdirs(path / "ports"):
-            self._scan_port(scan, device, path, port_dir)
+        info = [(name, attr) for name in _DEVICE_INFO_FILES if (attr := self._files.open(os.path.join(path, name)))]
+        hw = self._discover_hw_counters(os.path.join(path, "hw_counters"), "rdma_device_hw_counter", labels)
+        ports = [self._discover_port(device, path, port) for port in _subdirs(os.path.join(path, "ports"))]
+        return _DeviceFiles(labels, info, hw, ports)
 
-    def _scan_port(self, scan: _Scan, device: str, device_path: Path, path: Path) -> None:
-        port = path.name
-        link_layer = _read(path / "link_layer") or ""
-        netdev = _netdev(device_path, port, link_layer) or ""
-        labels = {
-            "host": self._host,
-            "device": device,
-            "port": port,
-            "netdev": netdev,
-            "role": self._role(device, port, netdev),
-        }
-        record = scan.ports[(device, port)] = _Port(labels)
+    def _discover_port(self, device: str, device_path: str, port: str) -> _PortFiles:
+        path = os.path.join(device_path, "ports", port)
+        ndevs = _by_index(os.path.join(path, "gid_attrs", "ndevs"))
+        net = os.path.join(device_path, "device", "net")
+        netdev = _netdev(ndevs, net, port, _read(os.path.join(path, "link_layer")) or "")
+        labels = {"host": self._host, "device": device, "port": port, "netdev": netdev}
+        labels["role"] = self._role(device, port, netdev)
+        data_words = [
+            [(data, labels_of({**labels, "direction": direction, "file": data})) for data in paths]
+            for direction, paths in _DATA_PATHS.items()
+        ]
+        return _PortFiles(
+            device=device,
+            port=port,
+            labels=labels,
+            labels_key=labels_of(labels),
+            link_layer=self._files.open(os.path.join(path, "link_layer")),
+            state=self._files.open(os.path.join(path, "state")),
+            phys_state=self._files.open(os.path.join(path, "phys_state")),
+            rate=self._files.open(os.path.join(path, "rate")),
+            counters=self._discover_counters(path, labels),
+            data_words=data_words,
+            hw=self._discover_hw_counters(os.path.join(path, "hw_counters"), "rdma_port_hw_counter", labels),
+            ndevs=ndevs,
+            net=net,
+        )
 
-        read: dict[tuple[str, str], int] = {}
+    def _discover_counters(self, path: str, labels: dict[str, str]) -> list[_Number]:
+        """counters/ and counters_ext/ of a port."""
+        counters = []
         for group, name in _COUNTER_GROUPS:
-            for file_name, file in _files(path / group):
-                value = _number(_read(file))
-                if value is None:
+            for file_name, file in _files(os.path.join(path, group)):
+                if (attr := self._files.open(file)) is None:
                     continue
-                read[(group, file_name)] = value
-                scan.add(name, {**labels, "counter": file_name}, value, "counter")
                 bits = PMA_WIDTH_BITS.get(file_name) if group == "counters" else None
-                if bits is not None:
-                    stuck = value == (1 << bits) - 1
-                    scan.add("rdma_port_counter_saturated", {**labels, "counter": file_name}, int(stuck), "gauge")
-        for direction, candidates in DATA_FILES.items():
-            for group, file_name in candidates:
-                if (group, file_name) in read:
-                    words = read[(group, file_name)]
-                    chosen = {**labels, "direction": direction, "file": f"{group}/{file_name}"}
-                    scan.add("rdma_port_data_words", chosen, words, "counter")
-                    break
-        if self.config.hw_counters:
-            record.hw_counters = _add_hw_counters(scan, path / "hw_counters", "rdma_port_hw_counter", labels)
+                data = f"{group}/{file_name}"
+                counter = _Number(
+                    attr,
+                    name,
+                    labels_of({**labels, "counter": file_name}),
+                    "counter",
+                    max_value=None if bits is None else (1 << bits) - 1,
+                    data=data if data in _DATA_FILE_SET else None,
+                )
+                counters.append(counter)
+        return counters
 
-        state, state_name = _state(_read(path / "state"))
-        phys, phys_name = _state(_read(path / "phys_state"))
-        rate_text = _read(path / "rate") or ""
-        if state is not None:
-            scan.add("rdma_port_state", labels, state, "gauge")
-        if phys is not None:
-            scan.add("rdma_port_phys_state", labels, phys, "gauge")
-        if (match := _RATE.match(rate_text)) is not None:
-            scan.add("rdma_port_rate_gbps", labels, float(match.group(1)), "gauge")
-        info = {"state": state_name, "phys_state": phys_name, "link_layer": link_layer, "rate": rate_text}
-        scan.add("rdma_port_info", {**labels, **info}, 1, "info")
+    def _discover_hw_counters(self, directory: str, name: str, labels: dict[str, str]) -> list[_Number]:
+        """hw_counters/*: every counter as `name`, and `lifespan` (a setting in ms, not a counter) as
+        `<name>s_lifespan_ms`; none when the config leaves them out."""
+        if not self.config.hw_counters:
+            return []
+        numbers = []
+        for file_name, file in _files(directory):
+            if (attr := self._files.open(file)) is None:
+                continue
+            if file_name == "lifespan":
+                numbers.append(_Number(attr, f"{name}s_lifespan_ms", labels_of(labels), "gauge"))
+            else:
+                counter_labels = labels_of({**labels, "counter": file_name})
+                numbers.append(_Number(attr, name, counter_labels, "counter", hw_counter=file_name))
+        return numbers
+
+    def _read(self, layout: _Layout, fresh: bool) -> _Scan:
+        """One scrape: every file of the layout read now. A `fresh` layout (listed by this scrape) is never stale:
+        each of its files is read for the first time, and a netdev that changed since the listing is not checked."""
+        scan = _Scan()
+        for device in layout.found:
+            info = {name: text for name, attr in device.info if (text := _text(attr))}
+            if info:
+                scan.add("rdma_device_info", {**device.labels, **info}, 1, "info")
+            _read_hw_counters(scan.samples, device.hw)
+            for port in device.ports:
+                _read_port(scan, port, fresh)
+        return scan
 
     def _role(self, device: str, port: str | None, netdev: str) -> str:
         roles = self.config.roles
@@ -292,7 +491,7 @@ class RdmaCollector(Collector):
     def _verbs_context(self) -> Callable[..., Any] | None:
         if self.config.verbs is False:
             return None
-        if self.config.verbs is None and os.path.realpath(self.config.sysfs) != "/sys":
+        if self.config.verbs is None and not self._live_sysfs:
             return None
         return _verbs_context()
 
@@ -378,33 +577,103 @@ def parse_statistic_json(text: str) -> list[tuple[str, str, dict[str, int]]] | N
 # --- sysfs helpers ---------------------------------------------------------------------------------------------
 
 
-def _read(path: Path | str) -> str | None:
-    """The file's text, stripped; None when it cannot be read (missing, EINVAL, EIO, EACCES, not text).
+# --- sysfs helpers ---------------------------------------------------------------------------------------------
 
-    os.open/os.read rather than Path.read_text: a scrape reads ~100 tiny files per NIC, and the io stack's
-    buffered text wrapper costs more than the read itself.
-    """
+
+def _read_port(scan: _Scan, port: _PortFiles, fresh: bool) -> None:
+    link_layer = _text(port.link_layer) or ""
+    netdev = _netdev(port.ndevs, port.net, port.port, link_layer)
+    if netdev != port.labels["netdev"] and not fresh:
+        raise _Stale(f"{port.device}/{port.port}: netdev {port.labels['netdev']!r} is now {netdev!r}")
+    samples = scan.samples
+    words = _read_counters(samples, port.counters)
+    for candidates in port.data_words:
+        for data, labels in candidates:
+            if data in words:
+                samples.append(Sample(SOURCE, "rdma_port_data_words", labels, float(words[data]), "counter"))
+                break
+    scan.ports[(port.device, port.port)] = _Port(port.labels, _read_hw_counters(samples, port.hw))
+
+    state, state_name = _state(_text(port.state))
+    phys, phys_name = _state(_text(port.phys_state))
+    rate_text = _text(port.rate) or ""
+    if state is not None:
+        samples.append(Sample(SOURCE, "rdma_port_state", port.labels_key, float(state), "gauge"))
+    if phys is not None:
+        samples.append(Sample(SOURCE, "rdma_port_phys_state", port.labels_key, float(phys), "gauge"))
+    if (match := _RATE.match(rate_text)) is not None:
+        samples.append(Sample(SOURCE, "rdma_port_rate_gbps", port.labels_key, float(match.group(1)), "gauge"))
+    info = {"state": state_name, "phys_state": phys_name, "link_layer": link_layer, "rate": rate_text}
+    scan.add("rdma_port_info", {**port.labels, **info}, 1, "info")
+
+
+def _read_counters(samples: list[Sample], counters: list[_Number]) -> dict[str, int]:
+    """counters/ and counters_ext/, with the saturation flag of the PMA counters; returns the values of the files
+    that can count the port's data."""
+    words = {}
+    for counter in counters:
+        value = _number(counter.attr)
+        if value is None:
+            continue
+        samples.append(Sample(SOURCE, counter.name, counter.labels, float(value), "counter"))
+        if counter.max_value is not None:
+            stuck = float(value == counter.max_value)
+            samples.append(Sample(SOURCE, "rdma_port_counter_saturated", counter.labels, stuck, "gauge"))
+        if counter.data is not None:
+            words[counter.data] = value
+    return words
+
+
+def _read_hw_counters(samples: list[Sample], numbers: list[_Number]) -> set[str]:
+    """hw_counters/*; returns the names of the counters read."""
+    seen = set()
+    for number in numbers:
+        value = _number(number.attr)
+        if value is None:
+            continue
+        samples.append(Sample(SOURCE, number.name, number.labels, float(value), number.kind))
+        if number.hw_counter is not None:
+            seen.add(number.hw_counter)
+    return seen
+
+
+def _number(attr: _Attr) -> int | None:
+    """A sysfs counter (unsigned decimal); None for "N/A (no PMA)", empty, unreadable or anything else."""
+    data = attr.read()
+    if data is None:
+        return None
+    digits = data.strip()
+    return int(digits) if digits.isdigit() else None
+
+
+def _text(attr: _Attr | None) -> str | None:
+    """The attribute's text, stripped; None when it is absent or cannot be read (or is not text)."""
+    data = attr.read() if attr is not None else None
     try:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            data = os.read(fd, 65536)  # a sysfs attribute is at most one page
-        finally:
-            os.close(fd)
-        return data.decode().strip()
+        return data.decode().strip() if data is not None else None
+    except UnicodeDecodeError:
+        return None
+
+
+def _read_bytes(path: str) -> bytes:
+    """One read of a file by path (os.open/os.read: the io stack's buffered wrappers cost more than the read)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.read(fd, _READ_SIZE)
+    finally:
+        os.close(fd)
+
+
+def _read(path: str) -> str | None:
+    """The file's text, stripped; None when it cannot be read (missing, EINVAL, EIO, EACCES, not text)."""
+    try:
+        return _read_bytes(path).decode().strip()
     except (OSError, UnicodeDecodeError):
         return None
 
 
-def _number(text: str | None) -> int | None:
-    """A sysfs counter (unsigned decimal); None for "N/A (no PMA)", empty or anything else."""
-    if text is None or _DECIMAL.fullmatch(text) is None:
-        return None
-    return int(text)
-
-
-def _files(directory: Path) -> list[tuple[str, str]]:
-    """(name, path) of the regular files in `directory`, by name (plain strings: a scrape lists ~10 directories
-    of ~40 files per NIC, and pathlib's parsing would cost more than the reads)."""
+def _files(directory: str) -> list[tuple[str, str]]:
+    """(name, path) of the regular files in `directory`, by name."""
     try:
         with os.scandir(directory) as entries:  # DirEntry.is_file needs no stat for regular files
             return sorted((entry.name, entry.path) for entry in entries if entry.is_file())
@@ -412,28 +681,14 @@ def _files(directory: Path) -> list[tuple[str, str]]:
         return []
 
 
-def _subdirs(directory: Path) -> list[Path]:
+def _subdirs(directory: str) -> list[str]:
+    """The names of the subdirectories (ports), numbers first, in numeric order."""
     try:
-        entries = [entry for entry in directory.iterdir() if entry.is_dir()]
+        with os.scandir(directory) as entries:
+            names = [entry.name for entry in entries if entry.is_dir()]
     except OSError:
         return []
-    return sorted(entries, key=lambda entry: (not entry.name.isdigit(), int(entry.name) if entry.name.isdigit() else 0))
-
-
-def _add_hw_counters(scan: _Scan, directory: Path, name: str, labels: dict[str, str]) -> set[str]:
-    """hw_counters/*: every counter as `name`, and `lifespan` (a setting in ms, not a counter) as
-    `<name>s_lifespan_ms`; returns the counters' names."""
-    seen = set()
-    for file_name, file in _files(directory):
-        value = _number(_read(file))
-        if value is None:
-            continue
-        if file_name == "lifespan":
-            scan.add(f"{name}s_lifespan_ms", labels, value, "gauge")
-            continue
-        seen.add(file_name)
-        scan.add(name, {**labels, "counter": file_name}, value, "counter")
-    return seen
+    return sorted(names, key=lambda name: (not name.isdigit(), int(name) if name.isdigit() else 0))
 
 
 def _state(text: str | None) -> tuple[int | None, str]:
@@ -444,26 +699,27 @@ def _state(text: str | None) -> tuple[int | None, str]:
     return int(match.group(1)), match.group(2)
 
 
-def _netdev(device_path: Path, port: str, link_layer: str) -> str | None:
+def _netdev(ndevs: list[str], net: str, port: str, link_layer: str) -> str:
+    """The port's netdev (the module docstring says how); "" when it has none. Looked up on every scrape: a
+    netdev can be renamed, or a bond made, while the device stays."""
     if link_layer != "InfiniBand":
-        ndevs = device_path / "ports" / port / "gid_attrs" / "ndevs"
-        for entry in _by_index(ndevs):
-            if name := _read(entry):
+        for path in ndevs:
+            if name := _read(path):
                 return name
-    return _pci_netdev(device_path / "device" / "net", port)
+    return _pci_netdev(net, port) or ""
 
 
-def _by_index(directory: Path) -> list[Path]:
+def _by_index(directory: str) -> list[str]:
     try:
-        entries = [entry for entry in directory.iterdir() if entry.name.isdigit()]
+        names = [name for name in os.listdir(directory) if name.isdigit()]
     except OSError:
         return []
-    return sorted(entries, key=lambda entry: int(entry.name))
+    return [os.path.join(directory, name) for name in sorted(names, key=int)]
 
 
-def _pci_netdev(net: Path, port: str) -> str | None:
+def _pci_netdev(net: str, port: str) -> str | None:
     try:
-        names = sorted(entry.name for entry in net.iterdir())
+        names = sorted(os.listdir(net))
     except OSError:
         return None
     if not port.isdigit():
@@ -471,9 +727,9 @@ def _pci_netdev(net: Path, port: str) -> str | None:
     wanted = int(port) - 1
     matches, unknown = [], []
     for name in names:
-        index = _number(_read(net / name / "dev_port"))
+        index = _decimal(_read(os.path.join(net, name, "dev_port")))
         if index is None:
-            dev_id = _read(net / name / "dev_id") or ""
+            dev_id = _read(os.path.join(net, name, "dev_id")) or ""
             index = int(dev_id, 16) if re.fullmatch(r"0x[0-9a-fA-F]+", dev_id) else None
         if index is None:
             unknown.append(name)
@@ -482,6 +738,12 @@ def _pci_netdev(net: Path, port: str) -> str | None:
     if not matches and len(names) == 1 and unknown:
         matches = unknown
     return min(matches, key=lambda name: (len(name), name)) if matches else None
+
+
+def _decimal(text: str | None) -> int | None:
+    if text is None or _DECIMAL.fullmatch(text) is None:
+        return None
+    return int(text)
 
 
 # --- pyverbs (optional) ----------------------------------------------------------------------------------------

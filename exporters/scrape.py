@@ -45,6 +45,7 @@ class TargetState:
     normalized: list[Sample] = field(default_factory=list)
     reset_count: int = 0
     recent_resets: deque[CounterReset] = field(default_factory=lambda: deque(maxlen=100))
+    counters: dict[tuple[str, Labels], float] = field(default_factory=dict)  # the last scrape's, for resets
 
 
 class Scraper:
@@ -74,7 +75,9 @@ class Scraper:
             self._fail(state, f"{name}: {type(error).__name__}: {error}")
         else:
             now = time.time()
-            resets = _resets(name, state.raw, raw, now)
+            counters = {(s.name, s.labels): s.value for s in raw if s.kind == "counter"}
+            resets = _resets(name, state.counters, counters, now)
+            state.counters = counters
             state.reset_count += len(resets)
             state.recent_resets.extend(resets)
             state.raw = raw
@@ -113,10 +116,12 @@ class Scraper:
         state.last_error = message
 
 
-def _resets(target: str, before: list[Sample], after: list[Sample], now: float) -> list[CounterReset]:
-    previous = {(s.name, s.labels): s.value for s in before if s.kind == "counter"}
+def _resets(
+    target: str, before: dict[tuple[str, Labels], float], after: dict[tuple[str, Labels], float], now: float
+) -> list[CounterReset]:
+    """Counters lower than in the previous scrape: each one a restarted source."""
     return [
-        CounterReset(target, s.name, s.labels, previous[(s.name, s.labels)], s.value, now)
-        for s in after
-        if s.kind == "counter" and s.value < previous.get((s.name, s.labels), float("-inf"))
+        CounterReset(target, name, labels, before[(name, labels)], value, now)
+        for (name, labels), value in after.items()
+        if value < before.get((name, labels), float("-inf"))
     ]

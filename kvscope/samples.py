@@ -29,6 +29,18 @@ class Sample:
     kind: Kind
     normalized: bool = False
 
+    def __init__(
+        self, source: str, name: str, labels: Labels, value: float, kind: Kind, normalized: bool = False
+    ) -> None:
+        # What dataclass would generate, through the slots' own descriptors: its frozen __init__ sets each field
+        # with object.__setattr__, which takes twice as long, and a scrape makes thousands of samples.
+        _set_source(self, source)
+        _set_name(self, name)
+        _set_labels(self, labels)
+        _set_value(self, value)
+        _set_kind(self, kind)
+        _set_normalized(self, normalized)
+
     @property
     def label_map(self) -> dict[str, str]:
         return dict(self.labels)
@@ -43,3 +55,8 @@ class Sample:
             "kind": self.kind,
             "normalized": self.normalized,
         }
+
+
+_set_source, _set_name, _set_labels, _set_value, _set_kind, _set_normalized = (
+    vars(Sample)[name].__set__ for name in Sample.__slots__
+)

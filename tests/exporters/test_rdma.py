@@ -10,7 +10,11 @@ function, whose net/<ifname>/ holds the netdevs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
+import gc
 import os
+import shutil
 import socket
 import sys
 import time
@@ -36,8 +40,15 @@ def config_of(sysfs: Path, **fields):
 
 def scrape(sysfs: Path, **fields) -> tuple[list, list]:
     config = config_of(sysfs, **fields)
-    raw = asyncio.run(RdmaCollector(config).collect())
+    raw = asyncio.run(collect_once(RdmaCollector(config)))
     return raw, mapping_for("rdma").apply(raw, config.labels)
+
+
+async def collect_once(collector: RdmaCollector) -> list:
+    try:
+        return await collector.collect()
+    finally:
+        await collector.close()
 
 
 def find(samples, name: str, **labels) -> list:
@@ -251,7 +262,7 @@ def test_the_tree_is_walked_in_a_worker_thread(monkeypatch):
 
     monkeypatch.setattr(module.asyncio, "to_thread", recording)
     scrape(FIXTURE)
-    assert calls == ["_scan"]
+    assert calls == ["_scan", "_forget"]  # close() too: it waits for a scan that may still be reading
 
 
 # --- errors ------------------------------------------------------------------------------------------------------
@@ -455,6 +466,167 @@ def test_a_32_bit_hw_counter_at_its_maximum_is_exported_raw_and_its_wrap_is_a_re
     assert [(dict(r.labels)["counter"], r.before, r.after) for r in resets] == [("out_of_buffer", 4294967295, 6)]
 
 
+# --- files kept open between scrapes -----------------------------------------------------------------------------
+
+
+def open_files(under: Path) -> list[str]:
+    """The files under `under` this process holds open (from /proc/self/fd), "... (deleted)" when removed since."""
+    root = str(under.resolve())
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the descriptor that listed the directory is closed by now
+            if (target := os.readlink(f"/proc/self/fd/{fd}")).startswith(root):
+                found.append(target)
+    return sorted(found)
+
+
+def sysfs_pread(monkeypatch) -> None:
+    """pread as sysfs answers it: ENODEV on the descriptor of a removed attribute (a removed regular file would
+    still read its old bytes)."""
+    real = os.pread
+
+    def pread(fd: int, size: int, offset: int) -> bytes:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(" (deleted)"):
+            raise OSError(errno.ENODEV, os.strerror(errno.ENODEV))
+        return real(fd, size, offset)
+
+    monkeypatch.setattr(os, "pread", pread)
+
+
+def test_every_scrape_reads_the_current_values_through_the_descriptors_it_keeps(tmp_path, monkeypatch):
+    port = roce_host(tmp_path) / "ports" / "1"
+    collector = RdmaCollector(config_of(tmp_path))
+    first = asyncio.run(collector.collect())
+    held = open_files(tmp_path)
+    assert str((port / "counters" / "port_xmit_data").resolve()) in held
+    write(port / "counters" / "port_xmit_data", "123456789999")
+    write(port / "hw_counters" / "np_cnp_sent", "4300")
+    write(port / "state", "1: DOWN")
+    opened = []
+    real_open = os.open
+    monkeypatch.setattr(os, "open", lambda path, *args: opened.append(os.fspath(path)) or real_open(path, *args))
+    second = asyncio.run(collector.collect())
+    monkeypatch.undo()
+    assert value(first, "rdma_port_counter", counter="port_xmit_data") == 123456789012
+    assert value(second, "rdma_port_counter", counter="port_xmit_data") == 123456789999
+    assert value(second, "rdma_port_data_words", direction="tx") == 123456789999
+    assert value(second, "rdma_port_hw_counter", counter="np_cnp_sent") == 4300
+    assert value(second, "rdma_port_state") == 1 and find(second, "rdma_port_info")[0].label_map["state"] == "DOWN"
+    # Read through the same descriptors: no attribute opened again (only the GID netdev, looked up every scrape).
+    assert open_files(tmp_path) == held
+    assert [os.path.basename(path) for path in opened] == ["0"]
+    asyncio.run(collector.close())
+    assert open_files(tmp_path) == []
+
+
+def test_a_collector_dropped_without_close_leaves_no_descriptor(tmp_path):
+    roce_host(tmp_path)
+    collector = RdmaCollector(config_of(tmp_path))
+    asyncio.run(collector.collect())
+    assert open_files(tmp_path)
+    del collector
+    gc.collect()
+    assert open_files(tmp_path) == []
+
+
+def test_a_removed_device_is_dropped_and_its_files_closed(tmp_path):
+    roce_host(tmp_path)
+    other = rdma_device(tmp_path, "mlx5_1", pci="0000:3b:00.1")
+    rdma_port(other, counters={"port_xmit_data": 10, "port_rcv_data": 20})
+    collector = RdmaCollector(config_of(tmp_path))
+    first = asyncio.run(collector.collect())
+    assert {s.label_map["device"] for s in first} == {"mlx5_0", "mlx5_1"}
+    assert [path for path in open_files(tmp_path) if "/mlx5_1/" in path]
+    (tmp_path / "class" / "infiniband" / "mlx5_1").unlink()
+    shutil.rmtree(other)
+    second = asyncio.run(collector.collect())
+    assert {s.label_map["device"] for s in second} == {"mlx5_0"}
+    assert not [path for path in open_files(tmp_path) if "/mlx5_1/" in path]
+    assert len(second) == len(asyncio.run(collect_once(RdmaCollector(config_of(tmp_path)))))
+    asyncio.run(collector.close())
+
+
+def test_a_device_registered_again_under_its_name_is_listed_again(tmp_path):
+    device = rdma_device(tmp_path, "mlx4_0")
+    for port in ("1", "2"):
+        rdma_port(device, port, link_layer="InfiniBand", counters={"port_xmit_data": 1, "port_rcv_data": 2})
+    collector = RdmaCollector(config_of(tmp_path))
+    first = asyncio.run(collector.collect())
+    assert {s.label_map["port"] for s in find(first, "rdma_port_info")} == {"1", "2"}
+    # The driver unregisters mlx4_0 and registers it again with one port: a new class/infiniband entry, same name.
+    again = rdma_device(tmp_path / "again", "mlx4_0", pci="0000:3b:00.0")
+    rdma_port(again, link_layer="InfiniBand", counters={"port_xmit_data": 5, "port_rcv_data": 6})
+    link = tmp_path / "class" / "infiniband" / "mlx4_0"
+    (tmp_path / "new-link").symlink_to(os.path.relpath(again, link.parent))
+    os.replace(tmp_path / "new-link", link)
+    shutil.rmtree(device)
+    second = asyncio.run(collector.collect())
+    assert {s.label_map["port"] for s in find(second, "rdma_port_info")} == {"1"}
+    assert value(second, "rdma_port_data_words", direction="tx") == 5
+    assert open_files(tmp_path) and not [path for path in open_files(tmp_path) if path.endswith(" (deleted)")]
+    asyncio.run(collector.close())
+
+
+def test_a_removed_port_whose_files_answer_enodev_is_dropped(tmp_path, monkeypatch):
+    device = rdma_device(tmp_path, "mlx4_0")
+    for port in ("1", "2"):
+        rdma_port(device, port, link_layer="InfiniBand", counters={"port_xmit_data": 1, "port_rcv_data": 2})
+    collector = RdmaCollector(config_of(tmp_path))
+    first = asyncio.run(collector.collect())
+    assert {s.label_map["port"] for s in find(first, "rdma_port_info")} == {"1", "2"}
+    sysfs_pread(monkeypatch)
+    shutil.rmtree(device / "ports" / "2")  # the same class/infiniband entry: only the descriptors can tell
+    second = asyncio.run(collector.collect())
+    assert {s.label_map["port"] for s in second if "port" in s.label_map} == {"1"}
+    assert open_files(tmp_path) and not [path for path in open_files(tmp_path) if path.endswith(" (deleted)")]
+    asyncio.run(collector.close())
+
+
+def test_a_renamed_netdev_gives_new_labels_at_the_next_scrape(tmp_path):
+    device = roce_host(tmp_path)
+    config = config_of(tmp_path, roles={"ens1f0np0": "nof", "eth9": "dram"})
+    collector = RdmaCollector(config)
+    first = asyncio.run(collector.collect())
+    write(device / "ports" / "1" / "gid_attrs" / "ndevs" / "0", "eth9")
+    second = asyncio.run(collector.collect())
+    asyncio.run(collector.close())
+    normalized = [mapping_for("rdma").apply(raw, config.labels) for raw in (first, second)]
+    assert {s.label_map["netdev"] + "/" + s.label_map["role"] for s in normalized[0]} == {"ens1f0np0/nof"}
+    assert {s.label_map["netdev"] + "/" + s.label_map["role"] for s in normalized[1]} == {"eth9/dram"}
+    assert {s.label_map["netdev"] for s in second if "port" in s.label_map} == {"eth9"}
+
+
+def test_the_tree_is_listed_again_every_rescan_interval(tmp_path, monkeypatch):
+    import kvscope.exporters.rdma as module
+
+    monkeypatch.setattr(module, "RESCAN_S", 0.0)
+    port = roce_host(tmp_path) / "ports" / "1"
+    collector = RdmaCollector(config_of(tmp_path))
+    asyncio.run(collector.collect())
+    held = len(open_files(tmp_path))
+    write(port / "hw_counters" / "rx_new_counter", "7")  # a file the last listing did not see
+    for _ in range(3):
+        raw = asyncio.run(collector.collect())
+    assert value(raw, "rdma_port_hw_counter", counter="rx_new_counter") == 7
+    assert len(open_files(tmp_path)) == held + 1  # each listing closed the previous one's descriptors
+    asyncio.run(collector.close())
+
+
+def test_past_the_descriptor_budget_files_are_opened_on_every_read(tmp_path, monkeypatch):
+    import kvscope.exporters.rdma as module
+
+    port = roce_host(tmp_path) / "ports" / "1"
+    expected, _ = scrape(tmp_path)
+    monkeypatch.setattr(module, "FD_SHARE", 0.0)
+    collector = RdmaCollector(config_of(tmp_path))
+    assert asyncio.run(collector.collect()) == expected
+    assert open_files(tmp_path) == []
+    write(port / "counters" / "port_rcv_data", "5")
+    raw = asyncio.run(collector.collect())
+    assert value(raw, "rdma_port_data_words", direction="rx") == 5
+    asyncio.run(collector.close())
+
+
 # --- roles and host ---------------------------------------------------------------------------------------------
 
 
@@ -484,12 +656,12 @@ def test_roles_by_device_by_port_and_by_netdev(tmp_path):
 def test_host_label_defaults(tmp_path):
     roce_host(tmp_path)
     config = parse_config({"targets": [{"name": "r", "source": "rdma", "sysfs": str(tmp_path)}]}).targets[0]
-    raw = asyncio.run(RdmaCollector(config).collect())
+    raw = asyncio.run(collect_once(RdmaCollector(config)))
     assert {s.label_map["host"] for s in raw} == {socket.gethostname()}
     config = parse_config(
         {"targets": [{"name": "r", "source": "rdma", "sysfs": str(tmp_path), "labels": {"host": "gpu-07"}}]}
     ).targets[0]
-    raw = asyncio.run(RdmaCollector(config).collect())
+    raw = asyncio.run(collect_once(RdmaCollector(config)))
     normalized = mapping_for("rdma").apply(raw, config.labels)
     assert {s.label_map["host"] for s in raw + normalized} == {"gpu-07"}
 
