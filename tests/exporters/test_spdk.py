@@ -421,6 +421,15 @@ def test_live_mapping_onto_the_kv_tier_model(peer_factory):
     normalized = mapping_for("spdk").apply(raw, collector.config.labels)
     got = {(s.name, tuple(sorted(s.label_map.items()))): s.value for s in normalized}
     assert all(s.normalized and s.source == "spdk" for s in normalized)
+    tier = {k: v for k, v in got.items() if k[0].startswith("kv.tier.")}
+    # the NoF tier's occupancy, from the lvstores (the target's role names the tier)
+    nof = (("system", ""), ("tier", "nof"))
+    assert tier == {
+        ("kv.tier.allocated.bytes", nof): sum(s.value for s in raw if s.name == "spdk_lvstore_allocated_bytes"),
+        ("kv.tier.capacity.bytes", nof): sum(s.value for s in raw if s.name == "spdk_lvstore_capacity_bytes"),
+    }
+    assert tier[("kv.tier.allocated.bytes", nof)] > 0
+    got = {k: v for k, v in got.items() if k not in tier}
     assert len(got) == 3 * 10  # 3 bdevs x (read + written bytes, 4 ops, 4 latencies): each bdev exactly once
 
     def key(name: str, bdev: str, subsystem: str, role: str, op: str | None = None):
