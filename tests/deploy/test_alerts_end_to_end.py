@@ -1,0 +1,323 @@
+"""The shipped alerting path end to end, with real binaries on 127.0.0.1: the service runs the long-output A/B, a real
+Prometheus scrapes it and evaluates deploy/prometheus's rules, a real Alertmanager routes what fires with
+deploy/alertmanager's tree to a webhook receiver inside this test.
+
+Only the clock is compressed. The shipped rules are loaded as they are except for one mechanical substitution,
+`scaled_rules`: every duration is divided by TIME_SCALE (60), wherever a rule may hold one: range selectors
+`[5m]`, `offset 5m`, `for: 5m` and predict_linear's horizon in seconds. A 5-minute rate becomes a 5-second one,
+the 1-hour peak a 1-minute one. Prometheus scrapes and evaluates every second, and the A/B runs a round every
+second and a half, so one round of the test stands for a minute and a half of a real cluster. Alertmanager's
+waits are cut to a second. The service does not forward its own alerts here: what reaches the receiver came from
+Prometheus.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+import yaml
+from pydantic import SecretStr
+
+from kvscope.api.app import create_app
+from kvscope.api.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+RULE_FILES = sorted((DEPLOY / "prometheus" / "rules").glob("*.yml"))
+PROMETHEUS = shutil.which("prometheus")
+PROMTOOL = shutil.which("promtool")
+ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+LONG_OUTPUT = yaml.safe_load((ROOT / "examples" / "long_output.yaml").read_text())
+TOKEN = "test-token"
+
+TIME_SCALE = 60
+# Paced so that Prometheus has a baseline: the DRAM-only arm's hit ratio climbs for 7 rounds (its 1-minute peak,
+# scaled), collapses from round 8 and sits at 0 from round 11 to 20 while its writes keep rising.
+ROUNDS_PER_MINUTE = 40
+
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_DURATION = r"(\d+)(ms|s|m|h|d)"
+
+
+def _scaled(count: str, unit: str) -> str:
+    return f"{round(int(count) * _UNIT_SECONDS[unit] * 1000 / TIME_SCALE)}ms"
+
+
+def scaled_rules(text: str) -> str:
+    """A rules file with every duration divided by TIME_SCALE (see the module's docstring)."""
+    rules = yaml.safe_load(text)
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            expr = re.sub(rf"\[{_DURATION}\]", lambda m: f"[{_scaled(m[1], m[2])}]", rule["expr"])
+            expr = re.sub(rf"\boffset {_DURATION}\b", lambda m: f"offset {_scaled(m[1], m[2])}", expr)
+            expr, horizons = re.subn(  # predict_linear's horizon, in seconds
+                r"(predict_linear\([\s\S]*?\],\s*)(\d+)(\s*\))",
+                lambda m: f"{m[1]}{int(m[2]) / TIME_SCALE:g}{m[3]}",
+                expr,
+            )
+            assert horizons == expr.count("predict_linear("), f"a predict_linear horizon is not a number: {expr}"
+            assert not re.search(r"\b\d+[smhdwy]\b", expr), f"a duration outside a range or an offset: {expr}"
+            rule["expr"] = expr
+            if "for" in rule:
+                rule["for"] = _scaled(*re.fullmatch(_DURATION, rule["for"]).groups())
+    return yaml.safe_dump(rules, sort_keys=False)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(check, what: str, seconds: float):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {seconds:.0f} s waiting for {what}")
+
+
+def ready(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+class Webhook:
+    """The receiver Alertmanager posts to: every notification, with the path it was posted on."""
+
+    def __init__(self) -> None:
+        self.notifications: list[dict] = []
+        hook = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                hook.notifications.append({"path": self.path, **body})
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+
+    def firing(self, alertname: str) -> list[tuple[dict, dict]]:
+        """(notification, alert) for every firing alert called `alertname` received so far."""
+        return [
+            (notification, alert)
+            for notification in list(self.notifications)
+            for alert in notification["alerts"]
+            if alert["status"] == "firing" and alert["labels"].get("alertname") == alertname
+        ]
+
+
+class Process:
+    """A real binary, stopped by its pid; its stderr is kept to explain a failure."""
+
+    def __init__(self, args: list[str], log: Path) -> None:
+        self.log = log
+        self._log_file = log.open("wb")
+        self.popen = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=self._log_file)
+
+    def stop(self) -> None:
+        self.popen.terminate()
+        try:
+            self.popen.wait(10)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait(10)
+        self._log_file.close()
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:]
+
+
+class Service:
+    """kvscope's service in a thread (uvicorn), as tests/api/test_service_end_to_end.py starts it."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.port = free_port()
+        settings = Settings(
+            host="127.0.0.1", port=self.port, db=tmp_path / "service.duckdb", token=SecretStr(TOKEN),
+            workdir=tmp_path / "ab", scrape_interval_s=0.25,
+        )  # fmt: skip
+        self.server = uvicorn.Server(
+            uvicorn.Config(create_app(settings), host="127.0.0.1", port=self.port, log_level="warning")
+        )
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        self.client = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=10)
+        wait_for(lambda: self.server.started, "the service to start", 20)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(60)
+        self.client.close()
+
+
+def alertmanager_config(hook: Webhook) -> dict:
+    """deploy/alertmanager/alertmanager.yml with its receivers posting to `hook` (one path per receiver) and its
+    waits cut to a second; routes, matchers and inhibitions stay as shipped."""
+    config = yaml.safe_load((DEPLOY / "alertmanager" / "alertmanager.yml").read_text())
+    for receiver in config["receivers"]:
+        for webhook in receiver.get("webhook_configs", []):
+            webhook["url"] = f"{hook.url}/{receiver['name']}"
+    routes = [config["route"]]
+    while routes:
+        route = routes.pop()
+        route.update(group_wait="0s", group_interval="1s")
+        routes.extend(route.get("routes", []))
+    return config
+
+
+def prometheus_config(rule_files: list[Path], service_port: int, alertmanager_port: int) -> dict:
+    """deploy/prometheus/prometheus.yml pointed at this test's service and Alertmanager, every second. The
+    exporter's job goes: this test has no exporter (its absence would only raise KVScopeTargetDown)."""
+    config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    config["global"].update(scrape_interval="1s", evaluation_interval="1s", scrape_timeout="1s")
+    config["rule_files"] = [str(path) for path in rule_files]
+    config["alerting"]["alertmanagers"][0]["static_configs"] = [{"targets": [f"127.0.0.1:{alertmanager_port}"]}]
+    (service,) = [job for job in config["scrape_configs"] if job["job_name"] == "kvscope-service"]
+    service["static_configs"] = [{"targets": [f"127.0.0.1:{service_port}"]}]
+    config["scrape_configs"] = [service]
+    return config
+
+
+@pytest.fixture
+def stack(tmp_path, require_real):
+    require_real(
+        None not in (PROMETHEUS, PROMTOOL, ALERTMANAGER),
+        "Prometheus, promtool and Alertmanager are needed (Debian packages prometheus, prometheus-alertmanager)",
+    )
+    started: list = []
+    try:
+        hook = Webhook()
+        started.append(hook.server)
+        am_port = free_port()
+        am_config = tmp_path / "alertmanager.yml"
+        am_config.write_text(yaml.safe_dump(alertmanager_config(hook)))
+        alertmanager = Process(
+            [ALERTMANAGER, f"--config.file={am_config}", f"--storage.path={tmp_path / 'am'}",
+             f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address="],
+            tmp_path / "alertmanager.log",
+        )  # fmt: skip
+        started.append(alertmanager)
+
+        service = Service(tmp_path)
+        started.append(service)
+
+        rules = []
+        for path in RULE_FILES:
+            rules.append(tmp_path / path.name)
+            rules[-1].write_text(scaled_rules(path.read_text()))
+        prom_port = free_port()
+        prom_config = tmp_path / "prometheus.yml"
+        prom_config.write_text(yaml.safe_dump(prometheus_config(rules, service.port, am_port)))
+        checked = subprocess.run([PROMTOOL, "check", "config", str(prom_config)], capture_output=True, text=True)
+        assert checked.returncode == 0, checked.stdout + checked.stderr  # the scaled rules are valid too
+        prometheus = Process(
+            [PROMETHEUS, f"--config.file={prom_config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{prom_port}", f"--web.external-url=http://127.0.0.1:{prom_port}/",
+             "--log.level=warn"],
+            tmp_path / "prometheus.log",
+        )  # fmt: skip
+        started.append(prometheus)
+
+        am_url, prom_url = f"http://127.0.0.1:{am_port}", f"http://127.0.0.1:{prom_port}"
+        try:
+            wait_for(lambda: ready(f"{am_url}/-/ready"), "Alertmanager to start", 20)
+            wait_for(lambda: ready(f"{prom_url}/-/ready"), "Prometheus to start", 20)
+        except AssertionError as error:
+            raise AssertionError(f"{error}\n{alertmanager.tail()}\n{prometheus.tail()}") from None
+        yield {"service": service, "prometheus": prom_url, "alertmanager": am_url, "hook": hook, "procs": started}
+    finally:
+        for thing in reversed(started):
+            if isinstance(thing, ThreadingHTTPServer):
+                thing.shutdown()
+            else:
+                thing.stop()
+
+
+def query(prometheus: str, promql: str) -> list[dict]:
+    answer = httpx.get(f"{prometheus}/api/v1/query", params={"query": promql}, timeout=5).json()
+    assert answer["status"] == "success", answer
+    return answer["data"]["result"]
+
+
+def test_the_dram_only_arm_collapse_goes_from_prometheus_rules_through_alertmanager_to_the_receiver(stack):
+    started_at = time.monotonic()
+    service, prometheus, hook = stack["service"], stack["prometheus"], stack["hook"]
+
+    # A baseline first: Prometheus has scraped the service before the A/B starts.
+    wait_for(lambda: query(prometheus, 'up{job="kvscope-service"} == 1'), "Prometheus to scrape the service", 15)
+    response = service.client.post(
+        "/api/v1/ab",
+        json={"scenario": LONG_OUTPUT, "rounds_per_minute": ROUNDS_PER_MINUTE},
+        headers={"Authorization": f"Bearer {TOKEN}"},
+    )
+    assert response.status_code == 201, response.text
+    ab = response.json()["id"]
+
+    try:
+        notification, alert = wait_for(
+            lambda: hook.firing("KVCacheHitRateCollapse"), "KVCacheHitRateCollapse at the webhook", 60
+        )[0]
+    except AssertionError:
+        state = service.client.get(f"/api/v1/ab/{ab}").json()
+        alerts = httpx.get(f"{prometheus}/api/v1/alerts", timeout=5).json()["data"]["alerts"]
+        ratios = query(prometheus, "ab_arm_engine:kv_prefix_hit_ratio:rate5m")
+        raise AssertionError(
+            f"A/B {state['status']} ({state['error']}), rounds {[a['rounds_done'] for a in state['arms'].values()]}; "
+            f"Prometheus alerts {alerts}; hit ratios {ratios}; notifications {hook.notifications}"
+        ) from None
+    rounds_done = service.client.get(f"/api/v1/ab/{ab}").json()["arms"]["dram_only"]["rounds_done"]
+
+    # The DRAM-only arm, named by the rules from the engine "<ab>/<arm>", routed as a page, raised by Prometheus.
+    assert alert["labels"] == {
+        "alertname": "KVCacheHitRateCollapse",
+        "severity": "critical",
+        "engine": f"{ab}/dram_only",
+        "ab": ab,
+        "arm": "dram_only",
+    }
+    assert notification["receiver"] == "kvscope-pager" and notification["path"] == "/kvscope-pager"
+    assert alert["generatorURL"].startswith(prometheus)
+    assert alert["annotations"]["runbook_url"] == "docs/runbook.md#kvcachehitratecollapse"
+    assert alert["annotations"]["summary"].startswith(f"KV prefix-cache hit ratio of engine {ab}/dram_only")
+    assert rounds_done >= 8  # after the collapse the planner predicts (round 8), never before
+
+    # The prediction came first: the DRAM-only arm's DRAM tier, filling round after round, reached the ticket
+    # queue before the collapse paged.
+    imminent = hook.firing("KVCacheCollapseImminent")
+    assert {a["labels"]["system"] for _, a in imminent} == {f"tierstore:{ab}/dram_only"}
+    assert hook.notifications.index(imminent[0][0]) < hook.notifications.index(notification)
+    assert imminent[0][0]["receiver"] == "kvscope-tickets"
+
+    # What must not fire did not, over the whole run: no collapse of the tiered arm, and neither guard (the
+    # DRAM-only arm's attached NoF pool stays at 0 B; the tiered arm writes both of its tiers) ...
+    assert query(prometheus, 'count_over_time(ALERTS{alertname="KVCacheHitRateCollapse", arm="tiered"}[5m])') == []
+    for guard in ("NoFWritesInDramOnlyArm", "TierWritesMissing"):
+        assert query(prometheus, f'count_over_time(ALERTS{{alertname="{guard}"}}[5m])') == [], guard
+    assert [n for n in hook.notifications if n["receiver"] == "kvscope-verification"] == []
+    # ... while the guards' inputs were there to be judged.
+    nof = query(prometheus, f'ab_arm_system_tier:kv_tier_written_bytes:rate5m{{ab="{ab}", tier="nof"}}')
+    assert {s["metric"]["arm"]: float(s["value"][1]) > 0 for s in nof} == {"dram_only": False, "tiered": True}
+
+    assert time.monotonic() - started_at < 90

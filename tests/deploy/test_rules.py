@@ -1,0 +1,189 @@
+"""deploy/prometheus and deploy/alertmanager as their own tools judge them (promtool check rules / check config /
+test rules, amtool check-config), and what those tools do not check: every alert documented, annotated and
+tested both ways, every series a rule reads published by someone."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kvscope.api.alerts import COLLAPSE
+from kvscope.api.clusterwatch import IMMINENT
+from kvscope.model import INSTRUMENTS, prometheus_name
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMETHEUS_DIR = ROOT / "deploy" / "prometheus"
+RULE_FILES = sorted((PROMETHEUS_DIR / "rules").glob("*.yml"))
+ALERTS_FILE = PROMETHEUS_DIR / "rules" / "kvscope-alerts.yml"
+RECORDING_FILE = PROMETHEUS_DIR / "rules" / "kvscope-recording.yml"
+UNIT_TESTS = sorted((PROMETHEUS_DIR / "tests").glob("*.yml"))
+ALERTMANAGER_CONFIG = ROOT / "deploy" / "alertmanager" / "alertmanager.yml"
+RUNBOOK = ROOT / "docs" / "runbook.md"
+EXPECTED_ALERTS = {
+    "KVCacheHitRateCollapse",
+    "KVCacheCollapseImminent",
+    "NoFWritesInDramOnlyArm",
+    "TierWritesMissing",
+    "KVScopeTargetDown",
+}
+# Series kvscope publishes besides the KV-tier model (exporters/otel.py) and what Prometheus makes itself.
+SELF_METRICS = {
+    "kvscope_target_up",
+    "kvscope_scrape_duration_seconds",
+    "kvscope_scrape_errors_total",
+    "kvscope_source_resets_total",
+}
+PROMETHEUS_METRICS = {"up", "ALERTS"}
+
+
+def _rules(path: Path) -> list[dict]:
+    return [rule for group in yaml.safe_load(path.read_text())["groups"] for rule in group["rules"]]
+
+
+ALERTS = {rule["alert"]: rule for rule in _rules(ALERTS_FILE) if "alert" in rule}
+RECORDED = {rule["record"] for path in RULE_FILES for rule in _rules(path) if "record" in rule}
+
+
+def run(require_real, tool: str, *args: str | Path) -> None:
+    binary = shutil.which(tool)
+    require_real(binary is not None, f"{tool} is not installed (Debian packages prometheus, prometheus-alertmanager)")
+    done = subprocess.run([binary, *map(str, args)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, f"{tool} {' '.join(map(str, args))}:\n{done.stdout}\n{done.stderr}"
+
+
+# ---------------------------------------------------------------------------------------------- the tools' word
+
+
+def test_promtool_check_rules(require_real):
+    run(require_real, "promtool", "check", "rules", *RULE_FILES)
+
+
+def test_promtool_check_config(require_real):
+    run(require_real, "promtool", "check", "config", PROMETHEUS_DIR / "prometheus.yml")
+
+
+def test_promtool_test_rules(require_real):
+    run(require_real, "promtool", "test", "rules", *UNIT_TESTS)
+
+
+def test_amtool_check_config(require_real):
+    run(require_real, "amtool", "check-config", ALERTMANAGER_CONFIG)
+
+
+# ------------------------------------------------------------------------------------------- what they don't check
+
+
+def test_the_five_alerts_are_there_with_the_service_s_names():
+    assert set(ALERTS) == EXPECTED_ALERTS
+    # The service raises the same names in-process (api/alerts.py, api/clusterwatch.py): one meaning, one name.
+    assert {COLLAPSE, IMMINENT} <= set(ALERTS)
+
+
+def test_prometheus_loads_both_rule_files():
+    config = yaml.safe_load((PROMETHEUS_DIR / "prometheus.yml").read_text())
+    loaded = {(PROMETHEUS_DIR / path).resolve() for path in config["rule_files"]}
+    assert loaded == {path.resolve() for path in RULE_FILES}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_ALERTS))
+def test_every_alert_has_severity_summary_description_and_a_runbook_section(name):
+    rule = ALERTS[name]
+    assert rule["labels"]["severity"] in {"critical", "warning"}
+    annotations = rule["annotations"]
+    assert annotations["summary"].strip() and annotations["description"].strip()
+    page, _, anchor = annotations["runbook_url"].partition("#")
+    assert (ROOT / page).resolve() == RUNBOOK.resolve()
+    sections = _runbook_sections()
+    assert anchor in sections, f"{name}: docs/runbook.md has no section #{anchor} ({', '.join(sections)})"
+    section = sections[anchor]
+    assert section["title"] == name
+    for part in ("**What it means.**", "**How to confirm.**", "**What to do.**"):
+        assert part in section["text"], f"{name}: the runbook section lacks {part}"
+
+
+def _runbook_sections() -> dict[str, dict]:
+    """The `## ` sections of the runbook by their GitHub anchor (lower case, punctuation dropped, spaces to -)."""
+    sections: dict[str, dict] = {}
+    current = None
+    for line in RUNBOOK.read_text().splitlines():
+        if line.startswith("## "):
+            title = line[3:].strip()
+            anchor = re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
+            current = sections[anchor] = {"title": title, "text": ""}
+        elif current is not None:
+            current["text"] += line + "\n"
+    return sections
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_ALERTS))
+def test_every_alert_has_a_promtool_case_where_it_fires_and_one_where_it_must_not(name):
+    fires, must_not = [], []
+    for path in UNIT_TESTS:
+        for case in yaml.safe_load(path.read_text())["tests"]:
+            expectations = [t["exp_alerts"] for t in case.get("alert_rule_test", []) if t["alertname"] == name]
+            if any(expectations):
+                fires.append(case["name"])
+            elif expectations:  # a case whose every evaluation of this alert expects nothing
+                must_not.append(case["name"])
+    assert fires, f"{name}: no promtool case where it fires"
+    assert must_not, f"{name}: no promtool case where it must not fire"
+
+
+def test_every_series_a_rule_reads_is_published_or_recorded():
+    """A name in an expression is a recording rule's, a KV-tier model instrument's as the exporter spells it, one of
+    kvscope's own, or Prometheus' (up, ALERTS): a renamed rule or instrument breaks this, not a 3 a.m. page."""
+    published = {prometheus_name(instrument) for instrument in INSTRUMENTS.values()}
+    known = RECORDED | published | SELF_METRICS | PROMETHEUS_METRICS
+    unknown = set()
+    for path in RULE_FILES:
+        for rule in _rules(path):
+            unknown |= _series_names(rule["expr"]) - known
+    assert not unknown, f"rules read series nobody publishes: {sorted(unknown)}"
+
+
+_GROUPING = re.compile(r"\b(by|without)\s*\([^)]*\)")  # sum by (...) (x): sum stays a call
+_MATCHING = re.compile(r"\b(on|ignoring|group_left|group_right)\s*\([^)]*\)")  # x on (...) (y): x stays a name
+_KEYWORDS = re.compile(r"\b(and|or|unless|offset|bool)\b")
+_NUMBERS = re.compile(r"\b\d+(\.\d+)?([eE][+-]?\d+)?(ms|s|m|h|d|w|y)?\b")
+
+
+def _series_names(expr: str) -> set[str]:
+    """Metric names in a PromQL expression: identifiers not called as functions, outside strings, label matchers,
+    ranges and modifiers' label lists."""
+    expr = re.sub(r'"[^"]*"', '""', expr)  # strings (label values, regexes)
+    expr = re.sub(r"\{[^}]*\}", "", expr)  # label matchers
+    expr = re.sub(r"\[[^\]]*\]", "", expr)  # ranges
+    expr = _GROUPING.sub("", expr)
+    expr = _KEYWORDS.sub(" ; ", _MATCHING.sub(" ; ", expr))  # a name before them is no call
+    expr = _NUMBERS.sub(" ; ", expr)  # 0.95, 1800, offset durations
+    names = re.findall(r"([A-Za-z_:][A-Za-z0-9_:]*)\s*(\()?", expr)
+    return {name for name, call in names if not call}
+
+
+def test_the_series_name_parser_sees_names_and_only_names():
+    expr = (
+        'sum by (system, tier) (rate(kv_tier_written_bytes_total{tier="nof"}[5m])) / on (system) group_left () '
+        'label_replace(up{job=~"kvscope-.*"}, "target", "$1", "job", "(.*)") > 0.95 and ab_arm:x:rate5m offset 5m '
+        "or (max without (otel_scope_name) (kvscope_target_up)) == 1e3"
+    )
+    assert _series_names(expr) == {"kv_tier_written_bytes_total", "up", "ab_arm:x:rate5m", "kvscope_target_up"}
+
+
+def test_alertmanager_routes_every_alert_to_a_receiver_that_exists():
+    config = yaml.safe_load(ALERTMANAGER_CONFIG.read_text())
+    names = {receiver["name"] for receiver in config["receivers"]}
+    routes = [config["route"]]
+    while routes:
+        route = routes.pop()
+        assert route.get("receiver", config["route"]["receiver"]) in names
+        routes.extend(route.get("routes", []))
+    # The collapse pages; the guard goes to the test's owner.
+    by_matcher = {tuple(route["matchers"]): route["receiver"] for route in config["route"]["routes"]}
+    assert by_matcher[('severity="critical"',)] == "kvscope-pager"
+    assert by_matcher[('alertname="NoFWritesInDramOnlyArm"',)] == "kvscope-verification"
+    assert ALERTS["KVCacheHitRateCollapse"]["labels"]["severity"] == "critical"
