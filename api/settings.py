@@ -5,7 +5,7 @@ from __future__ import annotations
 import secrets
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, PrivateAttr, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -15,10 +15,9 @@ class Settings(BaseSettings):
     host: str = Field("127.0.0.1", description="address to bind; loopback unless you mean to expose it")
     port: int = Field(8321, ge=0, le=65535)
     db: Path = Field(Path("kvscope.duckdb"), description="the verifier database A/B runs are recorded into")
-    token: SecretStr = Field(
-        default_factory=lambda: SecretStr(secrets.token_urlsafe(24)),
-        description="bearer token for mutating endpoints; a random one is made (and printed) when unset",
-    )
+    token: SecretStr | None = Field(
+        None, description="bearer token for mutating endpoints; a random one is made (and printed) when unset"
+    )  # never None once validated: _make_token fills it in
     max_body_bytes: int = Field(1_000_000, gt=0, description="request bodies larger than this get 413")
     workdir: Path = Field(Path("out/ab"), description="folder for file-backend tiers of A/B tests")
     criteria: list[Path] = Field(
@@ -31,3 +30,15 @@ class Settings(BaseSettings):
     dashboards_dir: Path = Field(Path("dashboards"), description="generated Grafana dashboards (JSON)")
     grafana_url: str | None = None
     grafana_token: SecretStr | None = None
+    _token_generated: bool = PrivateAttr(False)
+
+    @model_validator(mode="after")
+    def _make_token(self) -> Settings:
+        if self.token is None:
+            self.token, self._token_generated = SecretStr(secrets.token_urlsafe(24)), True
+        return self
+
+    @property
+    def token_generated(self) -> bool:
+        """Whether the token was made up at start (then it must be shown once; a configured one never is)."""
+        return self._token_generated

@@ -418,9 +418,13 @@ def _serve(settings, on_started=None) -> None:
     from kvscope.api.app import create_app
 
     base = f"http://{settings.host}:{settings.port}"
+    token = (
+        f"bearer token for POST/DELETE (made up for this start): {settings.token.get_secret_value()}"
+        if settings.token_generated
+        else "bearer token for POST/DELETE: the configured KVSCOPE_TOKEN"
+    )
     console.print(
-        f"kvscope service on {base}/ (API docs {base}/docs, metrics {base}/metrics)\n"
-        f"bearer token for POST/DELETE: {settings.token.get_secret_value()}\ndatabase: {settings.db}",
+        f"kvscope service on {base}/ (API docs {base}/docs, metrics {base}/metrics)\n{token}\ndatabase: {settings.db}",
         highlight=False,
         markup=False,
     )

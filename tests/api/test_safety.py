@@ -27,7 +27,10 @@ def test_the_service_binds_loopback_and_makes_a_token_unless_told_otherwise(monk
     monkeypatch.delenv("KVSCOPE_TOKEN", raising=False)
     first, second = Settings(), Settings()
     assert first.host == "127.0.0.1"
-    assert len(first.token.get_secret_value()) >= 32 and first.token != second.token
+    assert len(first.token.get_secret_value()) >= 32 and first.token != second.token and first.token_generated
+    monkeypatch.setenv("KVSCOPE_TOKEN", "configured")
+    configured = Settings()
+    assert configured.token.get_secret_value() == "configured" and not configured.token_generated
 
 
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic dGVzdA=="}])
