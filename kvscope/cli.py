@@ -20,6 +20,8 @@ evidence_app = typer.Typer(help="Evidence bundles an auditor re-runs.", no_args_
 app.add_typer(evidence_app, name="evidence")
 import_app = typer.Typer(help="Import recorded counters into the verifier database.", no_args_is_help=True)
 app.add_typer(import_app, name="import")
+dashboards_app = typer.Typer(help="Grafana dashboards built from code (dashboards/).", no_args_is_help=True)
+app.add_typer(dashboards_app, name="dashboards")
 
 console = Console()
 if not console.is_terminal:  # piped or captured: keep the per-round table on one line per round
@@ -465,3 +467,25 @@ def demo(
         console.print(f"started A/B {test.id}: {scenario} at {rounds_per_minute:g} rounds a minute", highlight=False)
 
     _serve(settings, start_ab)
+
+
+@dashboards_app.command("build")
+def dashboards_build(
+    out: Annotated[
+        Path | None, typer.Option("--out", help="folder to write to; default: the package's dashboards/")
+    ] = None,
+    check: Annotated[bool, typer.Option("--check", help="write nothing; exit 1 if the JSON there is stale")] = False,
+) -> None:
+    """Write every dashboard's JSON (<uid>.json) from the builders, or check that the committed JSON is current."""
+    from kvscope.dashboards.build import FOLDER, stale, write_all
+
+    folder = out or FOLDER
+    if check:
+        problems = stale(folder)
+        for problem in problems:
+            errors.print(f"stale: {escape(problem)}", highlight=False)
+        if problems:
+            errors.print("run `kvscope dashboards build` and commit the JSON")
+        raise typer.Exit(1 if problems else 0)
+    for path in write_all(folder):
+        console.print(f"wrote {path}", highlight=False, markup=False)

@@ -1,0 +1,208 @@
+"""KV tiers: where prefix-cache hits come from, what each medium stores, how full it is, and the collapse signs.
+
+Read top to bottom it follows DESIGN.md's phenomenon: the hit ratio per engine and layer (against its ideal where
+the model knows it), the tokens each layer serves, the bytes put, written and read per tier, occupancy against
+capacity with the headroom left before a tier must evict, evictions, and write amplification, which jumps when
+evicted chain heads are recomputed and rewritten.
+"""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.models import dashboard
+
+from kvscope.dashboards.common import (
+    COLLAPSE_WATERMARK,
+    Board,
+    Query,
+    ideal_hit_ratio,
+    label_variable,
+    metric,
+    stat_panel,
+    timeseries_panel,
+)
+
+UID = "kvscope-kv-tiers"
+
+ENGINES = 'engine=~"$engine"'
+MEDIA = 'system=~"$system", tier=~"$tier"'
+ALLOCATED = f"sum by (system, tier) ({metric('kv.tier.allocated.bytes')}{{{MEDIA}}})"
+CAPACITY = f"sum by (system, tier) ({metric('kv.tier.capacity.bytes')}{{{MEDIA}}})"
+MEDIA_SERIES = '__name__=~"kv_(store|tier)_.+"'  # every store and tier series carries system and tier
+
+
+def build() -> dashboard.Dashboard:
+    board = Board(
+        UID,
+        "kvscope / KV tiers",
+        "Prefix-cache hit ratio, tokens and bytes per tier, occupancy and collapse headroom, write amplification.",
+        ["kv-cache"],
+    )
+    board.variable(
+        label_variable(
+            "engine",
+            "Engine",
+            "vLLM engines and emulated A/B engines (<ab>/<arm>)",
+            f"label_values({metric('kv.prefix.query.tokens')}, engine)",
+        ),
+        label_variable(
+            "system",
+            "Store system",
+            "Mooncake, vLLM offload, tierstore:<ab>/<arm>",
+            f"label_values({{{MEDIA_SERIES}}}, system)",
+        ),
+        label_variable(
+            "tier",
+            "Tier",
+            "gpu, dram, ssd, nof",
+            f'label_values({{{MEDIA_SERIES}, system=~"$system"}}, tier)',
+        ),
+    )
+    board.alert_annotations()
+
+    board.row("Prefix cache").panels(
+        timeseries_panel(
+            "Hit ratio by engine and layer",
+            "Prompt tokens found over prompt tokens looked up (5 min rates). gpu: vLLM's own cache; external: the "
+            "connector's tiers, over the tokens the GPU missed; overall: hits of both layers over every prompt token"
+            + (", against the analytic bound (ideal)" if ideal_hit_ratio(ENGINES, "") else "")
+            + ". A cliff in overall while bytes written jump is the evict-recompute-rewrite collapse.",
+            "percentunit",
+            [
+                Query(f"engine_layer:kv_prefix_hit_ratio:rate5m{{{ENGINES}}}", "{{engine}} {{layer}}"),
+                Query(f"engine:kv_prefix_hit_ratio:rate5m{{{ENGINES}}}", "{{engine}} overall"),
+                *ideal_hit_ratio(ENGINES, "{{engine}} ideal"),
+            ],
+            bounds=(0, 1),
+        ),
+        timeseries_panel(
+            "Prompt tokens served per layer",
+            "Prompt tokens per second hit in each layer, stacked on those no layer held (recomputed by prefill): "
+            "the stack is every prompt token. Recomputed tokens are the work a collapse adds.",
+            "short",
+            [
+                Query(f"engine_layer:kv_prefix_hit_tokens:rate5m{{{ENGINES}}}", "{{engine}} hit {{layer}}"),
+                Query(f"engine:kv_prefix_miss_tokens:rate5m{{{ENGINES}}}", "{{engine}} recomputed"),
+            ],
+            axis_label="tokens/s",
+            stacked=True,
+        ),
+    )
+
+    board.row("Bytes per tier").panels(
+        timeseries_panel(
+            "Bytes put and got per tier",
+            "Logical saves and loads clients asked of each store (kv.store.put/get.bytes), per second. With "
+            "replicated placement a put counts once, at the top tier.",
+            "Bps",
+            [
+                Query(f"system_tier:kv_store_put_bytes:rate5m{{{MEDIA}}}", "put {{system}} {{tier}}"),
+                Query(f"system_tier:kv_store_get_bytes:rate5m{{{MEDIA}}}", "got {{system}} {{tier}}"),
+            ],
+            width=8,
+        ),
+        timeseries_panel(
+            "Bytes written per tier",
+            "Physical bytes written to each medium per second: puts, replicas, promotions and rewrites of evicted "
+            "blocks. A jump with no more puts is rewriting.",
+            "Bps",
+            [Query(f"system_tier:kv_tier_written_bytes:rate5m{{{MEDIA}}}", "{{system}} {{tier}}")],
+            width=8,
+        ),
+        timeseries_panel(
+            "Bytes read per tier",
+            "Physical bytes each medium served per second (prefix hits loaded from it).",
+            "Bps",
+            [Query(f"system_tier:kv_tier_read_bytes:rate5m{{{MEDIA}}}", "{{system}} {{tier}}")],
+            width=8,
+        ),
+    )
+
+    board.row("Capacity and collapse headroom").panels(
+        timeseries_panel(
+            "Allocated vs capacity per tier",
+            "Bytes allocated on each medium and its capacity. A tier whose allocation meets its "
+            "capacity evicts from then on; for an LRU DRAM tier that is where the collapse starts.",
+            "decbytes",
+            [
+                Query(ALLOCATED, "{{system}} {{tier}} allocated"),
+                Query(CAPACITY, "{{system}} {{tier}} capacity"),
+            ],
+        ),
+        timeseries_panel(
+            "Occupancy per tier",
+            f"Allocated over capacity. The red line is the {COLLAPSE_WATERMARK:.0%} watermark of the "
+            "KVCacheCollapseImminent alert.",
+            "percentunit",
+            [Query(f"system_tier:kv_tier_occupancy:ratio{{{MEDIA}}}", "{{system}} {{tier}}")],
+            bounds=(0, 1),
+            watermark=COLLAPSE_WATERMARK,
+        ),
+        stat_panel(
+            "Collapse headroom",
+            "Bytes each tier can still take before it must evict (capacity - allocated), now.",
+            "decbytes",
+            [Query(f"{CAPACITY} - {ALLOCATED}", "{{system}} {{tier}}", instant=True)],
+            width=12,
+        ),
+        timeseries_panel(
+            "Time until full at the current fill rate",
+            "Headroom over the growth of the allocation (deriv over 5 min), for tiers that are filling: how long "
+            "before they start evicting.",
+            "s",
+            [
+                Query(
+                    f"({CAPACITY} - {ALLOCATED})"
+                    f" / sum by (system, tier) (deriv({metric('kv.tier.allocated.bytes')}{{{MEDIA}}}[5m])) > 0",
+                    "{{system}} {{tier}}",
+                )
+            ],
+        ),
+        timeseries_panel(
+            "Evictions per tier",
+            "Blocks (objects) evicted from each medium per second. A tier that never evicts shows nothing here.",
+            "eps",
+            [Query(f"system_tier:kv_tier_evictions:rate5m{{{MEDIA}}}", "{{system}} {{tier}}")],
+            axis_label="blocks/s",
+        ),
+        timeseries_panel(
+            "Lookups served per tier",
+            "Lookups each medium answered per second (kv.tier.hits; Mooncake's DRAM figure includes its offload "
+            "worker's reads, see exporters/mappings/mooncake.yaml).",
+            "ops",
+            [
+                Query(
+                    f"sum by (system, tier) (rate({metric('kv.tier.hits')}{{{MEDIA}}}[$__rate_interval]))",
+                    "{{system}} {{tier}}",
+                )
+            ],
+        ),
+    )
+
+    board.row("Write amplification and alerts").panels(
+        timeseries_panel(
+            "Write amplification",
+            "Bytes written to all media per prompt token that had to be computed (missed by every layer), whole "
+            "cluster: the KV bytes per token times the copies kept while healthy; it rises when evicted blocks are "
+            "rewritten.",
+            "decbytes",
+            [Query("cluster:kv_write_amplification_bytes_per_token:rate5m", "cluster")],
+            axis_label="bytes per token",
+        ),
+        stat_panel(
+            "Collapse alerts now",
+            "Alerts the kvscope service holds pending or firing (KVCacheCollapsePredicted, KVCacheHitRateCollapse, "
+            "KVCacheCollapseImminent); their details are on the service's /api/v1/alerts.",
+            "short",
+            [
+                Query(
+                    'sum by (alertname, state) (kvscope_alerts{state=~"pending|firing"})',
+                    "{{alertname}} {{state}}",
+                    instant=True,
+                )
+            ],
+            width=12,
+            steps=(("green", None), ("red", 1)),
+            no_value="0",
+        ),
+    )
+    return board.build()

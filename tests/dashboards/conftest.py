@@ -1,0 +1,132 @@
+"""Fabric sources whose counters move, for the live dashboard test: an SPDK target and a sysfs tree of RDMA NICs.
+
+Both replay the captured fixtures (tests/fixtures/spdk/live, tests/fixtures/rdma/sysfs) with their I/O and data
+counters growing over time, so that rates, and latencies as ratios of rates, have values. Everything else is
+answered or read exactly as captured.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import shutil
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+# bdev_get_iostat fields that count (bytes, operations, time in ticks since start): scaled by the number of calls.
+# Max/min latencies, queue depth and the tick rate are not counters and stay as captured.
+_IOSTAT_COUNTER = re.compile(r"^(bytes_\w+|num_\w+_ops|(read|write|unmap|copy)_latency_ticks|ticks)$")
+
+
+class SpdkTarget:
+    """A JSON-RPC 2.0 peer on a Unix socket that answers like the captured nvmf_tgt: each method with its capture
+    under fixtures/spdk/live/ (the envelope id set to the request's), bdev_get_iostat with its counters times the
+    number of iostat calls so far, an unknown method with the captured "method not found" error."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.iostat_calls = 0
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(str(path))
+        self._listener.listen(8)
+        self._listener.settimeout(0.1)
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._thread.join(5)
+        self._listener.close()
+
+    def answer(self, method: str) -> dict:
+        capture = FIXTURES / "spdk" / "live" / f"{method}.json"
+        if not capture.exists():
+            return json.loads((FIXTURES / "spdk" / "live" / "error.method_not_found.json").read_text())
+        answer = json.loads(capture.read_text())
+        if method == "bdev_get_iostat":
+            self.iostat_calls += 1
+            _scale(answer["result"], self.iostat_calls)
+        return answer
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        decoder, buffer = json.JSONDecoder(), ""
+        with conn, contextlib.suppress(OSError):
+            while data := conn.recv(65536):
+                buffer += data.decode()
+                while buffer.strip():
+                    try:
+                        request, end = decoder.raw_decode(buffer.lstrip())
+                    except ValueError:
+                        break  # the rest of this request is still on its way
+                    buffer = buffer.lstrip()[end:]
+                    conn.sendall(json.dumps({**self.answer(request["method"]), "id": request["id"]}).encode())
+
+
+def _scale(value: object, factor: int) -> None:
+    """Multiply the counters of an iostat result in place (bdevs, and the per-channel lists when present)."""
+    if isinstance(value, list):
+        for item in value:
+            _scale(item, factor)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(item, int) and not isinstance(item, bool) and _IOSTAT_COUNTER.match(key):
+                value[key] = item * factor
+            else:
+                _scale(item, factor)
+
+
+@pytest.fixture
+def spdk_target(tmp_path: Path) -> Iterator[SpdkTarget]:
+    target = SpdkTarget(tmp_path / "spdk.sock")
+    yield target
+    target.close()
+
+
+class RdmaTree:
+    """A copy of the RDMA sysfs fixture whose ports' data counters (port_xmit_data, port_rcv_data, in 4-octet
+    words) grow every `period_s`, rewritten in place as sysfs would show them (the exporter keeps them open)."""
+
+    def __init__(self, root: Path, period_s: float = 0.5) -> None:
+        shutil.copytree(FIXTURES / "rdma" / "sysfs", root)
+        self.root = root
+        self.files = sorted(root.glob("class/infiniband/*/ports/*/counters/port_*_data"))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._tick, args=(period_s,), daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _tick(self, period_s: float) -> None:
+        while not self._stop.wait(period_s):
+            for index, path in enumerate(self.files):
+                words = int(path.read_text().strip()) + 250_000 * (index + 1)  # ~1-2 MB/s per port and direction
+                with path.open("r+") as file:
+                    file.write(f"{words}\n")
+                    file.truncate()
+
+
+@pytest.fixture
+def rdma_tree(tmp_path: Path) -> Iterator[RdmaTree]:
+    tree = RdmaTree(tmp_path / "sysfs")
+    yield tree
+    tree.close()

@@ -1,0 +1,593 @@
+"""The Grafana dashboards: up to date, valid against Grafana's schemas, built by the rules of the issue, and every
+query answered by a real Prometheus that scrapes kvscope while an A/B runs.
+
+Static checks read the JSON the builders make (the committed files are checked to be exactly that). The live test
+starts the kvscope service (an embedded A/B of the long-output example runs in it), `kvscope scrape` over an SPDK
+target and RDMA NICs replayed from fixtures with moving counters, and a real Prometheus loading
+deploy/prometheus/rules/*.yml; then it resolves each dashboard's variables the way Grafana does and runs every
+panel query, annotation and REST table.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import httpx
+import jsonschema
+import pytest
+import uvicorn
+import yaml
+from pydantic import SecretStr
+
+from kvscope.api.app import create_app
+from kvscope.api.settings import Settings
+from kvscope.dashboards import media
+from kvscope.dashboards.build import BUILDERS, FOLDER, render, stale, write_all
+from kvscope.model import INSTRUMENTS, prometheus_name
+from kvscope.tierstore.live import ENGINES
+
+ROOT = Path(__file__).resolve().parents[2]
+SCHEMAS = ROOT / "tests" / "fixtures" / "grafana-schema"
+RULES = ROOT / "deploy" / "prometheus" / "rules"
+DASHBOARDS = {uid: json.loads(render(uid)) for uid in BUILDERS}
+
+# Series the dashboards may read besides the model's instruments and the recording rules: the service's alert gauge
+# (kvscope.api.metrics) and Prometheus' own ALERTS.
+OTHER_SERIES = {"kvscope_alerts", "ALERTS"}
+RANGE_FUNCTIONS = {"rate", "increase", "irate"}
+PROMQL_KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool"}
+PROMQL_KEYWORDS |= {"offset", "inf", "nan"}
+
+
+# ------------------------------------------------------------------------------------------- reading dashboards
+
+
+def panels(dashboard: dict) -> Iterator[dict]:
+    """Every panel, rows included, and the panels inside collapsed rows."""
+    for panel in dashboard["panels"]:
+        yield panel
+        yield from panel.get("panels", [])
+
+
+def data_panels(dashboard: dict) -> list[dict]:
+    return [panel for panel in panels(dashboard) if panel["type"] != "row"]
+
+
+def is_prometheus(target: dict) -> bool:
+    return target["datasource"]["type"] == "prometheus"
+
+
+def prometheus_expressions(dashboard: dict) -> list[tuple[str, str]]:
+    """(where, PromQL) of every panel target and annotation."""
+    found = [
+        (f"{panel['title']} / {target['refId']}", target["expr"])
+        for panel in data_panels(dashboard)
+        for target in panel.get("targets", [])
+        if is_prometheus(target)
+    ]
+    found += [(f"annotation {a['name']}", a["expr"]) for a in dashboard["annotations"]["list"] if "expr" in a]
+    return found
+
+
+def variable_queries(dashboard: dict) -> list[tuple[str, str, str]]:
+    """(name, series selector, label) of every `label_values(selector, label)` variable."""
+    found = []
+    for variable in dashboard["templating"]["list"]:
+        if variable["type"] == "query":
+            selector, label = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", variable["query"]).groups()
+            found.append((variable["name"], selector, label))
+    return found
+
+
+def interpolate(text: str, values: Mapping[str, str]) -> str:
+    """Grafana's variable interpolation for the variables in `values` (`$name`, `${name}`); anything else, such as
+    label_replace's `$1`, is left as it is, as Grafana leaves unknown variables."""
+
+    def replace(match: re.Match) -> str:
+        name = match.group(1) or match.group(2)
+        return values.get(name, match.group(0))
+
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", replace, text)
+
+
+def placeholders(dashboard: dict) -> dict[str, str]:
+    """Values that make every expression of `dashboard` plain PromQL (for parsing): durations for Grafana's own
+    interval variables, a label value for the dashboard's variables (they only appear inside quotes)."""
+    values = {"__rate_interval": "1m", "__range": "1h", "__interval": "1m"}
+    values |= {variable["name"]: "x" for variable in dashboard["templating"]["list"]}
+    return values
+
+
+def recording_rules() -> dict[str, str]:
+    """record name -> expr of deploy/prometheus/rules/kvscope-recording.yml."""
+    groups = yaml.safe_load((RULES / "kvscope-recording.yml").read_text())["groups"]
+    return {rule["record"]: rule["expr"] for group in groups for rule in group["rules"] if "record" in rule}
+
+
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+
+
+def lifetime_counters(expr: str) -> list[str]:
+    """Counters (`*_total`) that `expr` reads other than as a range inside rate(), increase() or irate(): a lifetime
+    counter value, which a ratio would turn into a ratio of lifetime counters."""
+    code = _STRING.sub('""', expr)  # a label value can neither hide nor fake a selector
+    found = []
+    for match in re.finditer(r"(?<![\w:])([A-Za-z_:][\w:]*_total)\b", code):
+        after = re.sub(r"^\s*\{[^}]*\}", "", code[match.end() :])
+        if not re.match(r"\s*\[", after) or _enclosing_function(code, match.start()) not in RANGE_FUNCTIONS:
+            found.append(match.group(1))
+    return found
+
+
+def _enclosing_function(code: str, position: int) -> str | None:
+    """The function whose argument list holds `position`, if any."""
+    depth = 0
+    for index in range(position - 1, -1, -1):
+        if code[index] == ")":
+            depth += 1
+        elif code[index] == "(":
+            if depth == 0:
+                name = re.search(r"([A-Za-z_]\w*)\s*$", code[:index])
+                return name.group(1) if name else None
+            depth -= 1
+    return None
+
+
+def series_names(expr: str) -> set[str]:
+    """The metric names an expression selects (not functions, keywords, label names or values)."""
+    code = _STRING.sub('""', expr)
+    code = re.sub(r"\{[^}]*\}|\[[^\]]*\]", " ", code)
+    code = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", code)
+    names = re.findall(r"(?<![\w:.])([A-Za-z_:][\w:]*)\b(?!\s*\()", code)
+    return {name for name in names if name.lower() not in PROMQL_KEYWORDS}
+
+
+def schema(name: str, definition: str | None = None) -> jsonschema.Draft7Validator:
+    """A validator for a schema file, or for one of its definitions (whose $refs stay resolvable)."""
+    document = json.loads((SCHEMAS / f"{name}.jsonschema.json").read_text())
+    if definition is not None:
+        document = {"$ref": f"#/definitions/{definition}", "definitions": document["definitions"]}
+    return jsonschema.Draft7Validator(document)
+
+
+def errors(validator: jsonschema.Draft7Validator, document: object) -> list[str]:
+    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message[:300]}" for e in validator.iter_errors(document)]
+
+
+# ------------------------------------------------------------------------------------------------ static checks
+
+
+def test_the_committed_json_is_what_the_builders_make(tmp_path):
+    written = write_all(tmp_path)
+    assert sorted(path.name for path in written) == sorted(f"{uid}.json" for uid in BUILDERS)
+    for path in written:
+        committed = FOLDER / path.name
+        assert committed.exists(), f"{committed} is missing: run `kvscope dashboards build`"
+        assert committed.read_bytes() == path.read_bytes(), f"{committed} is stale: run `kvscope dashboards build`"
+    assert stale() == []
+
+
+def test_stale_names_what_differs(tmp_path):
+    write_all(tmp_path)
+    (tmp_path / "kvscope-media.json").write_text("{}\n")
+    (tmp_path / "kvscope-kv-tiers.json").unlink()
+    (tmp_path / "kvscope-retired.json").write_text("{}\n")
+    assert [problem.split(": ", 1)[1] for problem in stale(tmp_path)] == [
+        "missing",
+        "differs from what the builders make",
+        "no builder makes it",
+    ]
+
+
+@pytest.mark.parametrize("uid", DASHBOARDS)
+def test_each_dashboard_is_valid_against_grafanas_schema(uid):
+    assert errors(schema("dashboard"), DASHBOARDS[uid]) == []
+
+
+@pytest.mark.parametrize("uid", DASHBOARDS)
+def test_panel_options_targets_and_units_are_valid_against_their_schemas(uid):
+    units = {d["const"] for d in json.loads((SCHEMAS / "units.jsonschema.json").read_text())["definitions"].values()}
+    target_schema = schema("prometheus")
+    problems = []
+    for panel in data_panels(DASHBOARDS[uid]):
+        where = f"{uid} / {panel['title']}"
+        assert (SCHEMAS / f"{panel['type']}.jsonschema.json").exists(), f"{where}: no schema for {panel['type']}"
+        problems += [f"{where} options: {e}" for e in errors(schema(panel["type"], "Options"), panel["options"])]
+        custom = panel["fieldConfig"]["defaults"].get("custom")
+        if custom is not None:
+            problems += [f"{where} custom: {e}" for e in errors(schema(panel["type"], "FieldConfig"), custom)]
+        unit = panel["fieldConfig"]["defaults"].get("unit")
+        if unit not in units:
+            problems.append(f"{where}: unit {unit!r} is not a Grafana unit")
+        for target in panel.get("targets", []):
+            if is_prometheus(target):
+                problems += [f"{where} {target['refId']}: {e}" for e in errors(target_schema, target)]
+            else:  # the plugin publishes no schema: the fields its query model requires
+                assert target["datasource"]["type"] == "yesoreyeram-infinity-datasource", where
+                required = {"refId", "type", "source", "parser", "format", "url", "url_options", "root_selector"}
+                assert required <= set(target) and target["columns"], where
+    assert problems == []
+
+
+@pytest.mark.parametrize("uid", DASHBOARDS)
+def test_every_panel_has_a_unit_a_description_and_unique_ids(uid):
+    dashboard = DASHBOARDS[uid]
+    ids = [panel["id"] for panel in panels(dashboard)]
+    assert len(ids) == len(set(ids)) and 0 not in ids, f"panel ids {ids}"
+    for panel in data_panels(dashboard):
+        assert panel["description"].strip(), panel["title"]
+        assert panel["fieldConfig"]["defaults"].get("unit"), panel["title"]
+        ref_ids = [target["refId"] for target in panel["targets"]]
+        assert ref_ids and len(ref_ids) == len(set(ref_ids)), f"{panel['title']}: refIds {ref_ids}"
+    assert len({d["uid"] for d in DASHBOARDS.values()}) == len(DASHBOARDS)
+
+
+@pytest.mark.parametrize("uid", DASHBOARDS)
+def test_every_datasource_is_a_dashboard_variable(uid):
+    dashboard = DASHBOARDS[uid]
+    variables = {v["name"]: v["query"] for v in dashboard["templating"]["list"] if v["type"] == "datasource"}
+    assert variables.get("datasource") == "prometheus"
+
+    def walk(node: object) -> Iterator[dict]:
+        if isinstance(node, dict):
+            if "datasource" in node:
+                yield node["datasource"]
+            for value in node.values():
+                yield from walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                yield from walk(value)
+
+    references = list(walk(dashboard["panels"])) + list(walk(dashboard["annotations"]))
+    references += list(walk([v for v in dashboard["templating"]["list"] if v["type"] != "datasource"]))
+    assert references
+    for reference in references:
+        name = re.fullmatch(r"\$\{(\w+)\}", reference["uid"])
+        assert name and name.group(1) in variables, f"datasource uid {reference['uid']!r} is fixed"
+        assert variables[name.group(1)] == reference["type"], reference
+
+
+def test_the_counter_check_rejects_ratios_of_lifetime_counters():
+    assert lifetime_counters("sum(kv_prefix_hit_tokens_total) / sum(kv_prefix_query_tokens_total)") == [
+        "kv_prefix_hit_tokens_total",
+        "kv_prefix_query_tokens_total",
+    ]
+    assert lifetime_counters('kv_a_total{x="rate(y_total[5m])"} / 2') == ["kv_a_total"]
+    assert lifetime_counters("max_over_time(kv_a_total[5m])") == ["kv_a_total"]
+    assert (
+        lifetime_counters('sum by (a) (rate(kv_a_total{b=~"$c"}[$__rate_interval])) / sum(increase(d_total[1h]))') == []
+    )
+
+
+@pytest.mark.parametrize("uid", DASHBOARDS)
+def test_no_expression_reads_a_lifetime_counter(uid):
+    bad = {where: lifetime_counters(expr) for where, expr in prometheus_expressions(DASHBOARDS[uid])}
+    assert {where: names for where, names in bad.items() if names} == {}
+
+
+@pytest.mark.parametrize("uid", DASHBOARDS)
+def test_every_series_read_exists_in_the_model_or_the_recording_rules(uid):
+    known = {prometheus_name(instrument) for instrument in INSTRUMENTS.values()} | set(recording_rules()) | OTHER_SERIES
+    dashboard = DASHBOARDS[uid]
+    read = {where: series_names(expr) for where, expr in prometheus_expressions(dashboard)}
+    for name, selector, _ in variable_queries(dashboard):
+        read[f"variable {name}"] = series_names(selector)
+        if by_name := re.search(r'__name__=~"([^"]+)"', selector):  # a selector by name pattern: what it matches
+            read[f"variable {name}"] |= {series for series in known if re.fullmatch(by_name.group(1), series)}
+    assert all(read.values()), {where: names for where, names in read.items() if not names}
+    assert {where: names - known for where, names in read.items() if names - known} == {}
+
+
+def test_every_expression_parses_with_promtool(tmp_path, require_real):
+    """Each panel, annotation and variable expression as a recording rule: `promtool check rules` parses them all."""
+    promtool = shutil.which("promtool")
+    require_real(promtool is not None, "promtool is not installed (Debian package prometheus)")
+    rules = []
+    for uid, dashboard in DASHBOARDS.items():
+        values = placeholders(dashboard)
+        for where, expr in prometheus_expressions(dashboard):
+            rules.append({"record": f"dashboard_expr_{len(rules)}", "expr": interpolate(expr, values), "labels": {}})
+            rules[-1]["labels"]["where"] = f"{uid} / {where}"
+        for name, selector, label in variable_queries(dashboard):
+            expr = f"group by ({label}) ({interpolate(selector, values)})"
+            rules.append(
+                {"record": f"dashboard_expr_{len(rules)}", "expr": expr, "labels": {"where": f"{uid} ${name}"}}
+            )
+    path = tmp_path / "dashboard-expressions.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboards", "rules": rules}]}, sort_keys=False))
+    checked = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert f"SUCCESS: {len(rules)} rules found" in checked.stdout
+
+
+def test_the_parity_thresholds_are_the_published_tolerances():
+    criteria = yaml.safe_load((ROOT / "criteria" / "media.yaml").read_text())["criteria"]
+    tolerances = {c["name"]: c["tolerance"] for c in criteria if c["kind"] == "parity"}
+    assert tolerances == {"save_parity": media.SAVE_TOLERANCE, "load_parity": media.LOAD_TOLERANCE}
+
+
+# --------------------------------------------------------------------------------------------------- live test
+
+LONG_OUTPUT = yaml.safe_load((ROOT / "examples" / "long_output.yaml").read_text())
+RATE_INTERVAL = "10s"  # what Grafana's $__rate_interval is at a 1 s scrape interval and a short range, with margin
+# The annotation over Prometheus' ALERTS has data only once a rule of kvscope-alerts.yml has fired, which takes its
+# `for:` (minutes): out of this test's reach. Its expression is parsed and its series checked above.
+NEEDS_FIRING_RULES = 'ALERTS{alertname=~"KVCache.*", alertstate="firing"}'
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Service:
+    """The kvscope service under uvicorn in a thread (as tests/api/test_service_end_to_end.py runs it)."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.port = _free_port()
+        settings = Settings(
+            host="127.0.0.1", port=self.port, db=tmp_path / "service.duckdb", token=SecretStr("test-token"),
+            workdir=tmp_path / "ab", criteria=[ROOT / "criteria" / "media.yaml"], scrape_interval_s=0.5,
+            dashboards_dir=FOLDER,
+        )  # fmt: skip
+        self.server = uvicorn.Server(
+            uvicorn.Config(create_app(settings), host="127.0.0.1", port=self.port, log_level="warning")
+        )
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.client = httpx.Client(base_url=self.url, timeout=10)
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            assert time.monotonic() < deadline, "the service did not start"
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(60)
+        self.client.close()
+
+
+class Prometheus:
+    """A real Prometheus on 127.0.0.1 scraping `targets` every second and evaluating the rules of `RULES`."""
+
+    def __init__(self, binary: str, tmp_path: Path, targets: dict[str, str]) -> None:
+        self.port = _free_port()
+        config = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(RULES / "*.yml")],
+            "scrape_configs": [
+                {"job_name": job, "static_configs": [{"targets": [address]}]} for job, address in targets.items()
+            ],
+        }
+        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+        self.log = (tmp_path / "prometheus.log").open("w")
+        self.process = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={tmp_path / 'prometheus.yml'}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        self.client = httpx.Client(base_url=f"http://127.0.0.1:{self.port}/api/v1", timeout=10)
+
+    def get(self, path: str, **params) -> object:
+        answer = self.client.get(path, params=params)
+        assert answer.status_code == 200, f"{path} {params}: {answer.status_code} {answer.text}"
+        return answer.json()["data"]
+
+    def wait_ready(self, jobs: set[str]) -> None:
+        deadline = time.monotonic() + 30
+        while True:
+            assert self.process.poll() is None, f"Prometheus exited: {Path(self.log.name).read_text()}"
+            try:
+                answer = self.client.get("/targets")  # 503 while it starts
+                targets = answer.json()["data"]["activeTargets"] if answer.status_code == 200 else []
+            except httpx.TransportError:
+                targets = []
+            up = {target["labels"]["job"] for target in targets if target["health"] == "up"}
+            if up >= jobs:
+                return
+            assert time.monotonic() < deadline, f"Prometheus targets up: {up}, wanted {jobs}"
+            time.sleep(0.25)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(10)
+        self.client.close()
+        self.log.close()
+
+
+def _start_exporter(tmp_path: Path, spdk_socket: Path, sysfs: Path) -> tuple[subprocess.Popen, int]:
+    """`kvscope scrape` over the SPDK target and the RDMA tree, its Prometheus endpoint on a free port."""
+    port = _free_port()
+    config = {
+        "exporter": {"listen_host": "127.0.0.1", "listen_port": port},
+        "targets": [
+            {
+                "name": "spdk-nof",
+                "source": "spdk",
+                "socket": str(spdk_socket),
+                "interval_s": 0.5,
+                "labels": {"role": "nof"},
+            },
+            {
+                "name": "nics",
+                "source": "rdma",
+                "sysfs": str(sysfs),
+                "host": "node-a",
+                "interval_s": 0.5,
+                "roles": {"mlx5_0": "dram", "mlx4_0": "nof", "hfi1_0": "nof"},
+            },
+        ],
+    }
+    (tmp_path / "targets.yaml").write_text(yaml.safe_dump(config))
+    kvscope = Path(sys.executable).parent / "kvscope"
+    process = subprocess.Popen(
+        [str(kvscope), "scrape", "--config", str(tmp_path / "targets.yaml")],
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp_path / "exporter.log").open("w"),
+    )
+    return process, port
+
+
+def _values(result: list[dict]) -> list[float]:
+    """Every sample value of an instant (`value`) or range (`values`) query result."""
+    return [float(v) for series in result for _, v in series.get("values", [series.get("value", (0, "nan"))])]
+
+
+def _resolve_variables(
+    prometheus: Prometheus, dashboard: dict, chosen: Mapping[str, str], window: tuple[float, float], extra: dict
+) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """Each query variable's values, found as Grafana finds them (label values of the series matching its selector,
+    over the time range, through its regex), in the order of the templating list. Returns the value each variable
+    stands for in queries ("All" for a multi-value one, else `chosen` or its first value) and all values of each."""
+    values = dict(extra)
+    options: dict[str, list[str]] = {}
+    for variable in dashboard["templating"]["list"]:
+        if variable["type"] != "query":
+            continue
+        selector, label = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", variable["query"]).groups()
+        found = prometheus.get(
+            f"/label/{label}/values", **{"match[]": interpolate(selector, values)}, start=window[0], end=window[1]
+        )
+        if variable.get("regex"):
+            pattern = re.compile(re.fullmatch(r"/(.*)/", variable["regex"]).group(1))  # Grafana's /regex/
+            found = [m.group(1) if m.groups() else m.group(0) for v in found if (m := pattern.search(v))]
+        found = sorted(set(found))
+        assert found, f"{dashboard['uid']}: variable {variable['name']} has no values"
+        options[variable["name"]] = found
+        name = variable["name"]
+        if name in chosen:
+            assert chosen[name] in found, f"{dashboard['uid']}: {name} offers {found}, not {chosen[name]}"
+            values[name] = chosen[name]
+        elif variable.get("includeAll"):
+            values[name] = variable["allValue"]
+        else:
+            values[name] = found[0]
+    return values, options
+
+
+def _without_data(prometheus: Prometheus, expr: str, instant: bool, window: tuple[float, float]) -> bool:
+    """Whether `expr` has no finite value: at the window's end for an instant target (what a stat panel shows),
+    anywhere in the window for a range target (what a graph shows)."""
+    if instant:
+        result = prometheus.get("/query", query=expr, time=window[1])["result"]
+    else:
+        result = prometheus.get("/query_range", query=expr, start=window[0], end=window[1], step=1)["result"]
+    return not any(math.isfinite(value) for value in _values(result))
+
+
+def _targets(dashboard: dict, options: Mapping[str, list[str]]) -> Iterator[tuple[dict, dict, dict]]:
+    """(panel, target, repeat values) of every target, once per value of the panel's repeat variable if it has one."""
+    for panel in data_panels(dashboard):
+        repeats = [{panel["repeat"]: value} for value in options[panel["repeat"]]] if panel.get("repeat") else [{}]
+        for repeat in repeats:
+            for target in panel["targets"]:
+                yield panel, target, repeat
+
+
+def _prometheus_queries_without_data(
+    prometheus: Prometheus, chosen: Mapping[str, str], window: tuple[float, float]
+) -> tuple[int, list[str]]:
+    """Run every panel target and annotation of every dashboard over `window`; (how many ran, those without data)."""
+    extra = {"__rate_interval": RATE_INTERVAL, "__range": f"{math.ceil(window[1] - window[0])}s"}
+    ran, missing = 0, []
+    for uid, dashboard in DASHBOARDS.items():
+        values, options = _resolve_variables(prometheus, dashboard, chosen, window, extra)
+        queries = [
+            (f"{interpolate(panel['title'], values | repeat)} / {target['refId']}", target, repeat)
+            for panel, target, repeat in _targets(dashboard, options)
+            if is_prometheus(target)
+        ]
+        queries += [
+            (f"annotation {annotation['name']}", annotation, {})
+            for annotation in dashboard["annotations"]["list"]
+            if annotation["expr"] != NEEDS_FIRING_RULES
+        ]
+        for where, query, repeat in queries:
+            ran += 1
+            expr = interpolate(query["expr"], values | repeat)
+            if _without_data(prometheus, expr, query.get("instant", False), window):
+                missing.append(f"{uid} / {where}: {expr}")
+    return ran, missing
+
+
+def _rest_tables_without_data(service_url: str) -> tuple[int, list[str]]:
+    """Fetch what every Infinity target reads; (how many ran, those with no rows or a column missing)."""
+    ran, missing = 0, []
+    for uid, dashboard in DASHBOARDS.items():
+        for panel, target in [(p, t) for p in data_panels(dashboard) for t in p["targets"] if not is_prometheus(t)]:
+            ran += 1
+            # Infinity appends a path to its datasource's URL: the service's.
+            rows = httpx.get(service_url + target["url"], timeout=10).json()[target["root_selector"]]
+            if not rows or any(column["selector"] not in rows[0] for column in target["columns"]):
+                missing.append(f"{uid} / {panel['title']} / {target['refId']}: {rows[:1]}")
+    return ran, missing
+
+
+def test_every_dashboard_query_returns_data_from_a_real_prometheus(tmp_path, require_real, spdk_target, rdma_tree):
+    binary = shutil.which("prometheus")
+    require_real(binary is not None, "prometheus is not installed (Debian package prometheus)")
+    for name in ENGINES.snapshot():  # published by earlier tests in this process, frozen: not this test's A/B
+        ENGINES.withdraw(name)
+    service = Service(tmp_path)
+    exporter, exporter_port = _start_exporter(tmp_path, spdk_target.path, rdma_tree.root)
+    prometheus = Prometheus(
+        binary,
+        tmp_path,
+        {"kvscope-service": f"127.0.0.1:{service.port}", "kvscope-exporter": f"127.0.0.1:{exporter_port}"},
+    )
+    try:
+        prometheus.wait_ready({"kvscope-service", "kvscope-exporter"})
+        started = time.time() - 1
+        # 20 rounds an arm at one round a second: long enough for the rates, and the DRAM-only arm collapses at 8.
+        answer = service.client.post(
+            "/api/v1/ab",
+            json={"scenario": LONG_OUTPUT, "rounds_per_minute": 60},
+            headers={"Authorization": "Bearer test-token"},
+        )
+        assert answer.status_code == 201, answer.text
+        ab = answer.json()["id"]
+
+        def progress() -> dict:
+            return service.client.get(f"/api/v1/ab/{ab}").json()
+
+        deadline = time.monotonic() + 60
+        while min(arm["rounds_done"] for arm in progress()["arms"].values()) < 15:
+            assert time.monotonic() < deadline, f"the A/B is too slow: {progress()}"
+            time.sleep(0.25)
+        time.sleep(2)  # that round scraped by the service, then by Prometheus, then through the rules
+        window = (started, time.time())  # while the A/B still runs
+        chosen = {"ab": ab, "reference": f"tierstore:{ab}/dram_only", "candidate": f"tierstore:{ab}/tiered"}
+        ran, missing = _prometheus_queries_without_data(prometheus, chosen, window)
+        assert progress()["status"] == "running", "the queries should have seen the A/B running"
+        assert ran > 50
+        assert missing == [], "queries without data:\n" + "\n".join(missing)
+        assert spdk_target.iostat_calls > 5  # the fabric figures came from moving counters
+
+        while (test := progress())["status"] == "running":  # verdicts come when it ends
+            assert time.monotonic() < deadline, "the A/B did not finish"
+            time.sleep(0.25)
+        assert test["status"] == "finished" and test["verdicts"], test
+        ran, missing = _rest_tables_without_data(service.url)
+        assert ran == 1 and missing == [], missing
+    finally:
+        prometheus.stop()
+        exporter.terminate()
+        exporter.wait(10)
+        service.stop()
