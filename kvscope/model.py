@@ -36,6 +36,13 @@ INSTRUMENTS: dict[str, Instrument] = {
         Instrument(
             "kv.prefix.hit.tokens", "counter", "{token}", ("engine", "layer"), "prompt tokens found in the prefix cache"
         ),
+        Instrument(
+            "kv.prefix.bound.hit.tokens",
+            "counter",
+            "{token}",
+            ("engine",),
+            "prompt tokens an infinite cache would have found: the analytic bound of the hit ratio (where known)",
+        ),
         Instrument("kv.store.put.bytes", "counter", "By", _TIER, "bytes of KV blocks clients saved (logical puts)"),
         Instrument("kv.store.put.ops", "counter", "{operation}", _TIER, "KV save operations"),
         Instrument("kv.store.get.bytes", "counter", "By", _TIER, "bytes of KV blocks clients loaded (logical gets)"),
