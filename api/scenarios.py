@@ -8,6 +8,7 @@ from fastapi import HTTPException, status
 from kvscope.tierstore.scenario import Scenario
 
 MAX_BLOCK_LOOKUPS = 50_000_000  # about a minute of simulation per arm; long_output is 1.6 M
+MAX_REQUESTS = 1_000_000  # sessions x rounds: each request is an object and a pass of the engine
 MAX_REAL_BYTES = 2 * 1024**3  # memory and file backends hold real bytes
 
 
@@ -19,15 +20,7 @@ def accept(scenario: Scenario) -> Scenario:
     if workload.kind == "trace":
         problems.append(("workload", "kind", "trace workloads read a file on the server: use the CLI for traces"))
     else:
-        tokens = workload.sessions * sum(
-            workload.first_prompt_tokens + (r - 1) * (workload.output_tokens + workload.user_tokens)
-            for r in range(1, min(workload.rounds, 100_000) + 1)
-        )
-        lookups = tokens // scenario.block_tokens * len(scenario.arms)
-        if lookups > MAX_BLOCK_LOOKUPS or workload.rounds > 100_000:
-            problems.append(
-                ("workload", f"{lookups:,} block lookups is more than the service simulates ({MAX_BLOCK_LOOKUPS:,})")
-            )
+        problems += _too_much_work(scenario)
     for arm_name, arm in scenario.arms.items():
         for tier in arm.tiers + arm.attached:
             if tier.path is not None:
@@ -41,3 +34,27 @@ def accept(scenario: Scenario) -> Scenario:
         detail = [{"loc": ["body", "scenario", *p[:-1]], "msg": p[-1], "type": "value_error"} for p in problems]
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail)
     return scenario
+
+
+def _too_much_work(scenario: Scenario) -> list[tuple]:
+    """The simulation's size from arithmetic alone: requests, and block lookups (at least one per request)."""
+    w = scenario.workload
+    requests = w.sessions * w.rounds
+    # every session's prompt grows by (output + user) tokens a round: sum over rounds in closed form
+    tokens = w.sessions * (
+        w.rounds * w.first_prompt_tokens + (w.output_tokens + w.user_tokens) * w.rounds * (w.rounds - 1) // 2
+    )
+    lookups = (tokens // scenario.block_tokens + requests) * len(scenario.arms)
+    problems = []
+    if requests > MAX_REQUESTS:
+        problems.append(
+            (
+                "workload",
+                f"{requests:,} requests (sessions x rounds) is more than the service simulates ({MAX_REQUESTS:,})",
+            )
+        )
+    if lookups > MAX_BLOCK_LOOKUPS:
+        problems.append(
+            ("workload", f"{lookups:,} block lookups is more than the service simulates ({MAX_BLOCK_LOOKUPS:,})")
+        )
+    return problems

@@ -34,7 +34,7 @@ def parse_size(value: str | int | float) -> int:
         if value < 0:
             raise ValueError(f"invalid size {value!r}: must not be negative")
         return round(value)
-    match = _NUMBER_UNIT.match(value)
+    match = _NUMBER_UNIT.match(value) if isinstance(value, str) else None
     if not match:
         raise ValueError(f"invalid size {value!r}: expected a number and a unit, like '88.1KB' or '50GiB'")
     number, unit = float(match.group(1)), match.group(2) or "B"
@@ -51,6 +51,8 @@ def parse_bandwidth(value: str | int | float) -> float:
         if value <= 0:
             raise ValueError(f"invalid bandwidth {value!r}: must be positive")
         return float(value)
+    if not isinstance(value, str):
+        raise ValueError(f"invalid bandwidth {value!r}: expected a rate like '400Gb/s' or a number of bytes/s")
     text = value.strip()
     for suffix in ("/s", "ps"):
         if text.endswith(suffix):
@@ -84,7 +86,7 @@ def parse_duration(value: str | int | float) -> float:
     if isinstance(value, int | float):
         seconds = float(value)
     else:
-        match = _NUMBER_UNIT.match(value)
+        match = _NUMBER_UNIT.match(value) if isinstance(value, str) else None
         unit = match.group(2) if match else None
         if not match or (unit and unit not in _DURATION_UNITS):
             raise ValueError(f"invalid duration {value!r}: expected a number and one of {', '.join(_DURATION_UNITS)}")

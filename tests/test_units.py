@@ -58,3 +58,11 @@ def test_durations_in_prometheus_units(text, seconds):
 def test_bad_durations_name_the_value(text):
     with pytest.raises(ValueError, match="invalid duration"):
         parse_duration(text)
+
+
+@pytest.mark.parametrize("value", [None, {}, [1], (1,)])
+def test_values_of_the_wrong_type_are_value_errors_naming_them(value):
+    """JSON can carry anything; validators turn only ValueError into a 422, so nothing else may escape."""
+    for parse in (parse_size, parse_bandwidth, parse_duration):
+        with pytest.raises(ValueError, match="invalid"):
+            parse(value)

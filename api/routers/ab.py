@@ -18,7 +18,7 @@ class ABRequest(BaseModel):
     scenario: Scenario
     rounds_per_minute: float | None = Field(
         None,
-        gt=0,
+        ge=0.01,  # a pause of at most 100 minutes: a tinier rate's pause overflows the thread's wait
         le=60_000,
         description="pace rounds in wall-clock time so people can watch; as fast as possible when omitted",
     )

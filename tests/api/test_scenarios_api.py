@@ -42,3 +42,10 @@ def test_refused_scenarios_get_422_naming_the_field(client, change, field):
     answer = client.post("/api/v1/predict", json=body)
     assert answer.status_code == 422, answer.text
     assert any(field in map(str, problem["loc"]) for problem in answer.json()["detail"])
+
+
+def test_huge_blocks_do_not_hide_a_huge_number_of_requests(client):
+    body = scenario(sessions=10**7, rounds=1, first_prompt_tokens=1)
+    body["kv"]["block_tokens"] = 10**9
+    answer = client.post("/api/v1/predict", json=body)
+    assert answer.status_code == 422 and "requests" in answer.text
