@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 from collections.abc import AsyncIterator, Callable
 
 from fastapi import FastAPI
@@ -63,6 +64,7 @@ def create_app(settings: Settings | None = None, on_started: Callable[[Services]
         scraping = asyncio.create_task(scraper.run(stop))
         if on_started:
             on_started(services)
+        gc.freeze()  # what start-up made lives as long as the service: keep full collections from walking it
         try:
             yield
         finally:

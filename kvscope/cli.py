@@ -415,6 +415,8 @@ def _settings(host: str | None, port: int | None, db: Path | None, **more):
 
 
 def _serve(settings, on_started=None) -> None:
+    import sys
+
     import uvicorn
 
     from kvscope.api.app import create_app
@@ -430,6 +432,9 @@ def _serve(settings, on_started=None) -> None:
         highlight=False,
         markup=False,
     )
+    # A/B tests simulate in threads of this process: switching threads every 1 ms instead of 5 keeps a round's
+    # burst of CPU from holding API requests (p99 under load, bench/api.py)
+    sys.setswitchinterval(0.001)
     uvicorn.run(create_app(settings, on_started), host=settings.host, port=settings.port, log_level="warning")
 
 

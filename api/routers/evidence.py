@@ -180,9 +180,7 @@ def get_samples(
     run_id: RunId,
     db: DatabaseDep,
     metric: Annotated[str, Query(min_length=1, max_length=1024, description="the series name")],
-    label: Annotated[
-        list[LabelMatcher], Query(default_factory=list, description="`key=value`, repeatable; all must match")
-    ],
+    label: Annotated[list[LabelMatcher], Query(description="`key=value`, repeatable; all must match")] = [],  # noqa: B006 - FastAPI copies defaults per request; default_factory made it re-inspect `list` each time
     raw: Annotated[bool, Query(description="the exporter's raw series instead of the normalized ones")] = False,
     start: Seconds = None,
     end: Seconds = None,
@@ -197,7 +195,10 @@ def get_samples(
     next page's offset in the `X-Next-Offset` header."""
     if start is not None and end is not None and end < start:
         raise _invalid("end", f"end ({end}) is before start ({start})", end)
-    run = _run_or_404(db, run_id)
+    found = run_sql(db.con, "SELECT name FROM runs WHERE run_id = ?", [run_id])  # not _RUNS: no counts needed
+    if not found:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no run with id {run_id}")
+    run = {"name": found[0][0]}
     matchers = [(key, value) for key, _, value in (item.partition("=") for item in label)]
     series_where = _series_where(run_id, metric, raw, matchers)
     series = _rows(
