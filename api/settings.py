@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+from importlib import resources
 from pathlib import Path
 
 from pydantic import Field, PrivateAttr, SecretStr, model_validator
@@ -27,7 +28,10 @@ class Settings(BaseSettings):
     scrape_interval_s: float = Field(5.0, gt=0, description="how often the published A/B engines are scraped")
     alertmanager_url: str | None = Field(None, description="forward alerts to this Alertmanager (/api/v2/alerts)")
     alert_resend_s: float = Field(30.0, gt=0, description="re-send active alerts this often (Alertmanager expires)")
-    dashboards_dir: Path = Field(Path("dashboards"), description="generated Grafana dashboards (JSON)")
+    dashboards_dir: Path = Field(
+        default_factory=lambda: Path(str(resources.files("kvscope.dashboards"))),
+        description="generated Grafana dashboards (JSON); default: the ones kvscope ships",
+    )
     grafana_url: str | None = None
     grafana_token: SecretStr | None = None
     _token_generated: bool = PrivateAttr(False)

@@ -75,3 +75,14 @@ def test_metrics_are_clean_for_promtool(client, require_real):
     assert "kvscope_http_requests_total" in text and "kvscope_ab_tests" in text
     checked = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
     assert checked.returncode == 0 and checked.stdout + checked.stderr == "", checked.stdout + checked.stderr
+
+
+def test_the_shipped_dashboards_are_served_by_default(tmp_path):
+    from kvscope.api.app import create_app
+
+    with TestClient(create_app(Settings(db=tmp_path / "db.duckdb", workdir=tmp_path / "ab"))) as client:
+        listed = client.get("/api/v1/dashboards").json()
+        assert {d["uid"] for d in listed} >= {"kvscope-kv-tiers", "kvscope-media", "kvscope-fabric", "kvscope-live-ab"}
+        one = client.get("/api/v1/dashboards/kvscope-kv-tiers").json()
+        assert one["uid"] == "kvscope-kv-tiers" and one["panels"]
+        assert client.get("/api/v1/dashboards/nope").status_code == 404
