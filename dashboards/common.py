@@ -8,6 +8,8 @@ The dashboards go through these helpers so that the rules the tests check hold b
 - metric names come from the KV-tier model (`metric("kv.tier.written.bytes")`), so renaming an instrument breaks
   the build instead of leaving a panel silently empty. Recording rules are referred to by their names in
   deploy/prometheus/rules/kvscope-recording.yml (a test checks each one exists).
+- engines and store systems are told apart by `target` as well as by name, as the recording rules do: every vLLM
+  server calls its first engine "0" and its CPU offload "vllm_offload:0".
 """
 
 from __future__ import annotations
@@ -51,15 +53,16 @@ class Query:
 
 
 def ideal_hit_ratio(engines: str, legend: str) -> list[Query]:
-    """The analytic bound of the hit ratio per engine (`engines` a label matcher such as `engine=~"$engine"`), where
-    the model knows it: an empty list until BOUND_INSTRUMENT is an instrument of kvscope.model."""
+    """The analytic bound of the hit ratio per engine of each target (`engines` a label matcher such as
+    `engine=~"$engine"`), where the model knows it: an empty list until BOUND_INSTRUMENT is an instrument of
+    kvscope.model. Per target, as the recording rules: every vLLM server calls its first engine "0"."""
     if BOUND_INSTRUMENT not in INSTRUMENTS:
         return []
     bound, queries = metric(BOUND_INSTRUMENT), metric("kv.prefix.query.tokens")
     return [
         Query(
-            f"sum by (engine) (rate({bound}{{{engines}}}[5m]))"
-            f' / sum by (engine) (rate({queries}{{{engines}, layer="gpu"}}[5m]))',
+            f"sum by (target, engine) (rate({bound}{{{engines}}}[5m]))"
+            f' / sum by (target, engine) (rate({queries}{{{engines}, layer="gpu"}}[5m]))',
             legend,
         )
     ]

@@ -1,12 +1,11 @@
-"""Fabric: the RDMA NICs that carry the tiers' traffic, and the SPDK block devices behind the NVMe-oF tier.
+"""Fabric: the RDMA NICs that carry the tiers' traffic, and the SPDK target behind the NVMe-oF tier.
 
 NIC bytes are grouped by `role`, the tier a NIC serves (DRAM tier vs NoF tier, from the exporter's config), and
-the per-NIC panels repeat once per role, side by side. SPDK figures are per bdev and per NVMe-oF subsystem; a
-subsystem's figures sum only its exported bdevs, so stacked bdevs (an lvol and its base) are not counted once
-per layer (exporters/mappings/spdk.yaml).
-
-Not here, because the exporter does not publish them yet (only the KV-tier model reaches Prometheus): RDMA
-congestion (CNP, ECN) and error counters, and the SPDK reactors' busy share.
+the per-NIC byte panels repeat once per role, side by side. RoCE congestion (CNPs sent, handled and ignored,
+ECN-marked packets) is shown by role and per NIC, errors per NIC and error (exporters/mappings/rdma.yaml says which
+counters). SPDK figures are per bdev and per NVMe-oF subsystem; a subsystem's figures sum only its exported bdevs,
+so stacked bdevs (an lvol and its base) are not counted once per layer (exporters/mappings/spdk.yaml). The
+reactors' busy share says how much headroom the target's cores have left.
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ from kvscope.dashboards.common import Board, Query, label_variable, metric, time
 UID = "kvscope-fabric"
 
 NICS = 'host=~"$host", role=~"$role"'
+NIC = "{{role}} {{host}} {{device}}/{{port}}"  # legend of a NIC port
 BDEVS = 'bdev=~"$bdev"'
 SUBSYSTEMS = 'subsystem=~"$subsystem"'
 
@@ -34,7 +34,8 @@ def build() -> dashboard.Dashboard:
     board = Board(
         UID,
         "kvscope / Fabric",
-        "RDMA bytes per NIC by the tier it serves; SPDK throughput, IOPS and latency per bdev and NVMe-oF subsystem.",
+        "RDMA bytes, congestion and errors per NIC by the tier it serves; SPDK throughput, IOPS and latency per bdev "
+        "and NVMe-oF subsystem, and its reactors' busy share.",
         ["fabric", "rdma", "spdk"],
     )
     nic_series = metric("rdma.port.tx.bytes")
@@ -85,6 +86,36 @@ def build() -> dashboard.Dashboard:
             ],
             width=24,
             repeat="role",
+        ),
+    )
+
+    board.row("RDMA congestion and errors").panels(
+        timeseries_panel(
+            "Congestion events per second by role",
+            "RoCE congestion control (DCQCN) of all NICs of each role: CNPs sent for ECN-marked packets received "
+            "(cnp_sent, ecn_marked: this side sees congestion) and CNPs received that slowed a sender down or were "
+            "ignored (cnp_handled, cnp_ignored). NICs whose driver counts none (mlx4, InfiniBand) are not in it.",
+            "pps",
+            [Query('role_event:rdma_port_congestion:rate5m{role=~"$role"}', "{{role}} {{event}}")],
+        ),
+        timeseries_panel(
+            "Congestion events per second per NIC",
+            "The same events per NIC port: a port with many ECN marks or CNPs while the others have few sits on a "
+            "congested path (a switch queue, an incast of transfers towards it).",
+            "pps",
+            [Query(f"host_device_port_role_event:rdma_port_congestion:rate5m{{{NICS}}}", NIC + " {{event}}")],
+        ),
+        timeseries_panel(
+            "NIC errors per second",
+            "Errors per second per NIC port and error, only those that occurred (an empty panel is a clean fabric): "
+            "link errors (symbol_error, link_downed, ...), packets discarded or received bad (port_rcv_errors, "
+            "port_xmit_discards, ...), and RoCE transport errors: out_of_sequence, packet_seq_err and "
+            "local_ack_timeout_err mean lost packets and retransmissions, out_of_buffer packets dropped for lack of "
+            "receive buffers. The PMA error counters saturate at their maximum and then read 0 here.",
+            "cps",
+            [Query(f"host_device_port_role_error:rdma_port_errors:rate5m{{{NICS}}} > 0", NIC + " {{error}}")],
+            width=24,
+            axis_label="errors/s",
         ),
     )
 
@@ -161,6 +192,19 @@ def build() -> dashboard.Dashboard:
             "s",
             [Query(_mean_latency("subsystem, op", SUBSYSTEMS), "{{subsystem}} {{op}}")],
             width=8,
+        ),
+    )
+
+    board.row("SPDK reactors").panels(
+        timeseries_panel(
+            "Reactor busy share",
+            "Share of each reactor's time spent in pollers that found work, per SPDK target and core: busy over "
+            "busy + idle (5 min rates). Near 1, I/O waits for the reactor and latency climbs: give the target more "
+            "cores (its core mask). Not CPU use: a polling reactor keeps its core at 100 %.",
+            "percentunit",
+            [Query("target_lcore_role:storage_reactor_busy_ratio:rate5m", "{{target}} lcore {{lcore}}")],
+            width=24,
+            bounds=(0, 1),
         ),
     )
     return board.build()

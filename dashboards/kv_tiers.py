@@ -4,6 +4,9 @@ Read top to bottom it follows DESIGN.md's phenomenon: the hit ratio per engine a
 the model knows it), the tokens each layer serves, the bytes put, written and read per tier, occupancy against
 capacity with the headroom left before a tier must evict, evictions, and write amplification, which jumps when
 evicted chain heads are recomputed and rewritten.
+
+Engines and store systems are shown per `target` (the kvscope target that published them), as the recording rules
+keep them: two vLLM servers both call their first engine "0" and its offload "vllm_offload:0".
 """
 
 from __future__ import annotations
@@ -25,9 +28,12 @@ UID = "kvscope-kv-tiers"
 
 ENGINES = 'engine=~"$engine"'
 MEDIA = 'system=~"$system", tier=~"$tier"'
-ALLOCATED = f"sum by (system, tier) ({metric('kv.tier.allocated.bytes')}{{{MEDIA}}})"
-CAPACITY = f"sum by (system, tier) ({metric('kv.tier.capacity.bytes')}{{{MEDIA}}})"
+ALLOCATED = f"sum by (target, system, tier) ({metric('kv.tier.allocated.bytes')}{{{MEDIA}}})"
+CAPACITY = f"sum by (target, system, tier) ({metric('kv.tier.capacity.bytes')}{{{MEDIA}}})"
 MEDIA_SERIES = '__name__=~"kv_(store|tier)_.+"'  # every store and tier series carries system and tier
+# Legends: an engine or a medium is named with the target it came from.
+ENGINE = "{{target}} {{engine}}"
+MEDIUM = "{{target}} {{system}} {{tier}}"
 
 
 def build() -> dashboard.Dashboard:
@@ -68,9 +74,9 @@ def build() -> dashboard.Dashboard:
             + ". A cliff in overall while bytes written jump is the evict-recompute-rewrite collapse.",
             "percentunit",
             [
-                Query(f"engine_layer:kv_prefix_hit_ratio:rate5m{{{ENGINES}}}", "{{engine}} {{layer}}"),
-                Query(f"engine:kv_prefix_hit_ratio:rate5m{{{ENGINES}}}", "{{engine}} overall"),
-                *ideal_hit_ratio(ENGINES, "{{engine}} ideal"),
+                Query(f"target_engine_layer:kv_prefix_hit_ratio:rate5m{{{ENGINES}}}", ENGINE + " {{layer}}"),
+                Query(f"target_engine:kv_prefix_hit_ratio:rate5m{{{ENGINES}}}", f"{ENGINE} overall"),
+                *ideal_hit_ratio(ENGINES, f"{ENGINE} ideal"),
             ],
             bounds=(0, 1),
         ),
@@ -80,8 +86,8 @@ def build() -> dashboard.Dashboard:
             "the stack is every prompt token. Recomputed tokens are the work a collapse adds.",
             "short",
             [
-                Query(f"engine_layer:kv_prefix_hit_tokens:rate5m{{{ENGINES}}}", "{{engine}} hit {{layer}}"),
-                Query(f"engine:kv_prefix_miss_tokens:rate5m{{{ENGINES}}}", "{{engine}} recomputed"),
+                Query(f"target_engine_layer:kv_prefix_hit_tokens:rate5m{{{ENGINES}}}", ENGINE + " hit {{layer}}"),
+                Query(f"target_engine:kv_prefix_miss_tokens:rate5m{{{ENGINES}}}", f"{ENGINE} recomputed"),
             ],
             axis_label="tokens/s",
             stacked=True,
@@ -95,8 +101,8 @@ def build() -> dashboard.Dashboard:
             "replicated placement a put counts once, at the top tier.",
             "Bps",
             [
-                Query(f"system_tier:kv_store_put_bytes:rate5m{{{MEDIA}}}", "put {{system}} {{tier}}"),
-                Query(f"system_tier:kv_store_get_bytes:rate5m{{{MEDIA}}}", "got {{system}} {{tier}}"),
+                Query(f"target_system_tier:kv_store_put_bytes:rate5m{{{MEDIA}}}", f"put {MEDIUM}"),
+                Query(f"target_system_tier:kv_store_get_bytes:rate5m{{{MEDIA}}}", f"got {MEDIUM}"),
             ],
             width=8,
         ),
@@ -105,14 +111,14 @@ def build() -> dashboard.Dashboard:
             "Physical bytes written to each medium per second: puts, replicas, promotions and rewrites of evicted "
             "blocks. A jump with no more puts is rewriting.",
             "Bps",
-            [Query(f"system_tier:kv_tier_written_bytes:rate5m{{{MEDIA}}}", "{{system}} {{tier}}")],
+            [Query(f"target_system_tier:kv_tier_written_bytes:rate5m{{{MEDIA}}}", MEDIUM)],
             width=8,
         ),
         timeseries_panel(
             "Bytes read per tier",
             "Physical bytes each medium served per second (prefix hits loaded from it).",
             "Bps",
-            [Query(f"system_tier:kv_tier_read_bytes:rate5m{{{MEDIA}}}", "{{system}} {{tier}}")],
+            [Query(f"target_system_tier:kv_tier_read_bytes:rate5m{{{MEDIA}}}", MEDIUM)],
             width=8,
         ),
     )
@@ -124,8 +130,8 @@ def build() -> dashboard.Dashboard:
             "capacity evicts from then on; for an LRU DRAM tier that is where the collapse starts.",
             "decbytes",
             [
-                Query(ALLOCATED, "{{system}} {{tier}} allocated"),
-                Query(CAPACITY, "{{system}} {{tier}} capacity"),
+                Query(ALLOCATED, f"{MEDIUM} allocated"),
+                Query(CAPACITY, f"{MEDIUM} capacity"),
             ],
         ),
         timeseries_panel(
@@ -133,7 +139,7 @@ def build() -> dashboard.Dashboard:
             f"Allocated over capacity. The red line is the {COLLAPSE_WATERMARK:.0%} watermark of the "
             "KVCacheCollapseImminent alert.",
             "percentunit",
-            [Query(f"system_tier:kv_tier_occupancy:ratio{{{MEDIA}}}", "{{system}} {{tier}}")],
+            [Query(f"target_system_tier:kv_tier_occupancy:ratio{{{MEDIA}}}", MEDIUM)],
             bounds=(0, 1),
             watermark=COLLAPSE_WATERMARK,
         ),
@@ -141,7 +147,7 @@ def build() -> dashboard.Dashboard:
             "Collapse headroom",
             "Bytes each tier can still take before it must evict (capacity - allocated), now.",
             "decbytes",
-            [Query(f"{CAPACITY} - {ALLOCATED}", "{{system}} {{tier}}", instant=True)],
+            [Query(f"{CAPACITY} - {ALLOCATED}", MEDIUM, instant=True)],
             width=12,
         ),
         timeseries_panel(
@@ -152,8 +158,9 @@ def build() -> dashboard.Dashboard:
             [
                 Query(
                     f"({CAPACITY} - {ALLOCATED})"
-                    f" / sum by (system, tier) (deriv({metric('kv.tier.allocated.bytes')}{{{MEDIA}}}[5m])) > 0",
-                    "{{system}} {{tier}}",
+                    f" / sum by (target, system, tier) (deriv({metric('kv.tier.allocated.bytes')}{{{MEDIA}}}[5m]))"
+                    " > 0",
+                    MEDIUM,
                 )
             ],
         ),
@@ -161,7 +168,7 @@ def build() -> dashboard.Dashboard:
             "Evictions per tier",
             "Blocks (objects) evicted from each medium per second. A tier that never evicts shows nothing here.",
             "eps",
-            [Query(f"system_tier:kv_tier_evictions:rate5m{{{MEDIA}}}", "{{system}} {{tier}}")],
+            [Query(f"target_system_tier:kv_tier_evictions:rate5m{{{MEDIA}}}", MEDIUM)],
             axis_label="blocks/s",
         ),
         timeseries_panel(
@@ -171,8 +178,8 @@ def build() -> dashboard.Dashboard:
             "ops",
             [
                 Query(
-                    f"sum by (system, tier) (rate({metric('kv.tier.hits')}{{{MEDIA}}}[$__rate_interval]))",
-                    "{{system}} {{tier}}",
+                    f"sum by (target, system, tier) (rate({metric('kv.tier.hits')}{{{MEDIA}}}[$__rate_interval]))",
+                    MEDIUM,
                 )
             ],
         ),

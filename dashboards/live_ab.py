@@ -1,8 +1,8 @@
 """Live A/B: one A/B test of the kvscope service, its arms side by side while it runs.
 
-The service publishes each arm's emulated engine as `<ab>/<arm>` and its store as `tierstore:<ab>/<arm>`; the
-variables pick the A/B (newest first) and its arms from those names. The top row overlays the arms; below, the
-per-arm panels repeat once per arm, side by side.
+The service publishes each arm's emulated engine as `<ab>/<arm>` and its store as `tierstore:<ab>/<arm>`, all from
+its one target "tierstore"; the variables pick the A/B (newest first) and its arms from those names. The top row
+overlays the arms; below, the per-arm panels repeat once per arm, side by side.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def build() -> dashboard.Dashboard:
             "collapses falls away from the other.",
             "percentunit",
             [
-                Query(f"engine:kv_prefix_hit_ratio:rate5m{{{ENGINES}}}", "{{engine}}"),
+                Query(f"target_engine:kv_prefix_hit_ratio:rate5m{{{ENGINES}}}", "{{engine}}"),
                 *ideal_hit_ratio(ENGINES, "{{engine}} ideal"),
             ],
             bounds=(0, 1),
@@ -85,7 +85,7 @@ def build() -> dashboard.Dashboard:
             "Evictions",
             "Blocks evicted per second from all tiers, per arm.",
             "eps",
-            [Query(f"sum by (system) (system_tier:kv_tier_evictions:rate5m{{{SYSTEMS}}})", "{{system}}")],
+            [Query(f"sum by (system) (target_system_tier:kv_tier_evictions:rate5m{{{SYSTEMS}}})", "{{system}}")],
             axis_label="blocks/s",
         ),
     )
@@ -97,8 +97,8 @@ def build() -> dashboard.Dashboard:
             "over the GPU misses) and overall.",
             "percentunit",
             [
-                Query(f"engine_layer:kv_prefix_hit_ratio:rate5m{{{ENGINE}}}", "{{layer}}"),
-                Query(f"engine:kv_prefix_hit_ratio:rate5m{{{ENGINE}}}", "overall"),
+                Query(f"target_engine_layer:kv_prefix_hit_ratio:rate5m{{{ENGINE}}}", "{{layer}}"),
+                Query(f"target_engine:kv_prefix_hit_ratio:rate5m{{{ENGINE}}}", "overall"),
                 *ideal_hit_ratio(ENGINE, "ideal"),
             ],
             width=24,
@@ -109,7 +109,7 @@ def build() -> dashboard.Dashboard:
             "$arm: bytes written per tier",
             "Bytes written to each of this arm's tiers per second.",
             "Bps",
-            [Query(f"system_tier:kv_tier_written_bytes:rate5m{{{SYSTEM}}}", "{{tier}}")],
+            [Query(f"target_system_tier:kv_tier_written_bytes:rate5m{{{SYSTEM}}}", "{{tier}}")],
             width=24,
             repeat="arm",
         ),
@@ -118,7 +118,7 @@ def build() -> dashboard.Dashboard:
             f"Allocated over capacity for each of this arm's tiers; the red line is the {COLLAPSE_WATERMARK:.0%} "
             "watermark of KVCacheCollapseImminent.",
             "percentunit",
-            [Query(f"system_tier:kv_tier_occupancy:ratio{{{SYSTEM}}}", "{{tier}}")],
+            [Query(f"target_system_tier:kv_tier_occupancy:ratio{{{SYSTEM}}}", "{{tier}}")],
             width=24,
             bounds=(0, 1),
             watermark=COLLAPSE_WATERMARK,
@@ -128,7 +128,7 @@ def build() -> dashboard.Dashboard:
             "$arm: evictions per tier",
             "Blocks evicted per second from each of this arm's tiers.",
             "eps",
-            [Query(f"system_tier:kv_tier_evictions:rate5m{{{SYSTEM}}}", "{{tier}}")],
+            [Query(f"target_system_tier:kv_tier_evictions:rate5m{{{SYSTEM}}}", "{{tier}}")],
             width=24,
             axis_label="blocks/s",
             repeat="arm",

@@ -2,7 +2,8 @@
 
 Arm A is the reference (the DRAM-only arm), arm B the candidate (the tiered arm), each a store `system` (an A/B
 arm of the service is `tierstore:<ab>/<arm>`). Totals are increases over the dashboard's time range, so parity is
-a ratio of increases, as the verifier computes it, never of lifetime counters. The verdicts themselves are the
+a ratio of increases, as the verifier computes it, never of lifetime counters. An arm's figures are summed over
+every target that publishes its system (a real cluster's store clients). The verdicts themselves are the
 verifier's, read from the service's REST API through the Infinity datasource (see common.InfinityQuery).
 """
 
@@ -98,8 +99,8 @@ def build() -> dashboard.Dashboard:
             "Logical bytes saved and loaded per second, per arm: the two arms should track each other.",
             "Bps",
             [
-                Query(f"sum by (system) (system_tier:kv_store_put_bytes:rate5m{{{ARMS}}})", "put {{system}}"),
-                Query(f"sum by (system) (system_tier:kv_store_get_bytes:rate5m{{{ARMS}}})", "got {{system}}"),
+                Query(f"sum by (system) (target_system_tier:kv_store_put_bytes:rate5m{{{ARMS}}})", "put {{system}}"),
+                Query(f"sum by (system) (target_system_tier:kv_store_get_bytes:rate5m{{{ARMS}}})", "got {{system}}"),
             ],
             width=24,
         ),
@@ -151,7 +152,12 @@ def build() -> dashboard.Dashboard:
             "Bytes written per tier",
             "Physical bytes written to each medium per second, per arm.",
             "Bps",
-            [Query(f"system_tier:kv_tier_written_bytes:rate5m{{{ARMS}}}", "{{system}} {{tier}}")],
+            [
+                Query(
+                    f"sum by (system, tier) (target_system_tier:kv_tier_written_bytes:rate5m{{{ARMS}}})",
+                    "{{system}} {{tier}}",
+                )
+            ],
             width=16,
         ),
     )

@@ -56,10 +56,41 @@ INSTRUMENTS: dict[str, Instrument] = {
         Instrument("kv.tier.hits", "counter", "{lookup}", _TIER, "lookups served by the medium"),
         Instrument("rdma.port.tx.bytes", "counter", "By", _NIC, "bytes sent by the RDMA port"),
         Instrument("rdma.port.rx.bytes", "counter", "By", _NIC, "bytes received by the RDMA port"),
+        Instrument(
+            "rdma.port.congestion",
+            "counter",
+            "{packet}",
+            (*_NIC, "event"),
+            "RoCE congestion-control packets of the RDMA port by event: CNPs sent (cnp_sent) as the notification "
+            "point, CNPs handled or ignored (cnp_handled, cnp_ignored) as the reaction point, ECN-marked packets "
+            "received (ecn_marked)",
+        ),
+        Instrument(
+            "rdma.port.errors",
+            "counter",
+            "{error}",
+            (*_NIC, "error"),
+            "errors counted by the RDMA port (link and PMA error counters, the driver's transport error counters), "
+            "by error",
+        ),
         Instrument("storage.bdev.read.bytes", "counter", "By", _BDEV, "bytes read from the block device"),
         Instrument("storage.bdev.written.bytes", "counter", "By", _BDEV, "bytes written to the block device"),
         Instrument("storage.bdev.ops", "counter", "{operation}", (*_BDEV, "op"), "I/O operations on the block device"),
         Instrument("storage.bdev.latency", "counter", "s", (*_BDEV, "op"), "time spent in I/O on the block device"),
+        Instrument(
+            "storage.reactor.busy",
+            "counter",
+            "s",
+            ("lcore", "role"),
+            "time the storage target's reactor on this core spent running pollers that did work",
+        ),
+        Instrument(
+            "storage.reactor.idle",
+            "counter",
+            "s",
+            ("lcore", "role"),
+            "time the storage target's reactor on this core spent polling without finding work",
+        ),
     )
 }
 

@@ -431,7 +431,7 @@ def _start_exporter(tmp_path: Path, spdk_socket: Path, sysfs: Path) -> tuple[sub
                 "sysfs": str(sysfs),
                 "host": "node-a",
                 "interval_s": 0.5,
-                "roles": {"mlx5_0": "dram", "mlx4_0": "nof", "hfi1_0": "nof"},
+                "roles": {"mlx5_0": "dram", "mlx5_1": "nof", "mlx4_0": "nof", "hfi1_0": "nof"},
             },
         ],
     }
@@ -579,6 +579,25 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(tmp_path, req
         assert ran > 50
         assert missing == [], "queries without data:\n" + "\n".join(missing)
         assert spdk_target.iostat_calls > 5  # the fabric figures came from moving counters
+        assert spdk_target.reactor_calls > 5
+
+        def at_end(expr: str) -> list[dict]:
+            return prometheus.get("/query", query=expr, time=window[1])["result"]
+
+        # The fabric's congestion, error and reactor panels read the sources' new series: every congestion event of
+        # the synthetic RoCE port, its moving errors, and the captured reactor's busy share (its busy and idle ticks
+        # grow in the captured proportion, 24639920196 / (24639920196 + 58028910781)).
+        congestion = at_end('host_device_port_role_event:rdma_port_congestion:rate5m{device="mlx5_1"}')
+        assert {s["metric"]["event"] for s in congestion} == {"cnp_sent", "ecn_marked", "cnp_handled", "cnp_ignored"}
+        moving = at_end("host_device_port_role_error:rdma_port_errors:rate5m > 0")
+        assert {(s["metric"]["device"], s["metric"]["error"]) for s in moving} == {
+            ("mlx5_1", "out_of_sequence"),
+            ("mlx5_1", "symbol_error"),
+        }
+        (busy,) = at_end("target_lcore_role:storage_reactor_busy_ratio:rate5m")
+        labels = {key: label for key, label in busy["metric"].items() if key != "__name__"}
+        assert labels == {"target": "spdk-nof", "lcore": "0", "role": "nof"}
+        assert float(busy["value"][1]) == pytest.approx(24639920196 / (24639920196 + 58028910781), rel=1e-6)
 
         while (test := progress())["status"] == "running":  # verdicts come when it ends
             assert time.monotonic() < deadline, "the A/B did not finish"

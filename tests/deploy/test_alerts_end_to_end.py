@@ -282,17 +282,19 @@ def test_the_dram_only_arm_collapse_goes_from_prometheus_rules_through_alertmana
     except AssertionError:
         state = service.client.get(f"/api/v1/ab/{ab}").json()
         alerts = httpx.get(f"{prometheus}/api/v1/alerts", timeout=5).json()["data"]["alerts"]
-        ratios = query(prometheus, "ab_arm_engine:kv_prefix_hit_ratio:rate5m")
+        ratios = query(prometheus, "ab_arm_target_engine:kv_prefix_hit_ratio:rate5m")
         raise AssertionError(
             f"A/B {state['status']} ({state['error']}), rounds {[a['rounds_done'] for a in state['arms'].values()]}; "
             f"Prometheus alerts {alerts}; hit ratios {ratios}; notifications {hook.notifications}"
         ) from None
     rounds_done = service.client.get(f"/api/v1/ab/{ab}").json()["arms"]["dram_only"]["rounds_done"]
 
-    # The DRAM-only arm, named by the rules from the engine "<ab>/<arm>", routed as a page, raised by Prometheus.
+    # The DRAM-only arm, named by the rules from the engine "<ab>/<arm>" of the service's target "tierstore", routed
+    # as a page, raised by Prometheus.
     assert alert["labels"] == {
         "alertname": "KVCacheHitRateCollapse",
         "severity": "critical",
+        "target": "tierstore",
         "engine": f"{ab}/dram_only",
         "ab": ab,
         "arm": "dram_only",
@@ -300,13 +302,15 @@ def test_the_dram_only_arm_collapse_goes_from_prometheus_rules_through_alertmana
     assert notification["receiver"] == "kvscope-pager" and notification["path"] == "/kvscope-pager"
     assert alert["generatorURL"].startswith(prometheus)
     assert alert["annotations"]["runbook_url"] == "docs/runbook.md#kvcachehitratecollapse"
-    assert alert["annotations"]["summary"].startswith(f"KV prefix-cache hit ratio of engine {ab}/dram_only")
+    assert alert["annotations"]["summary"].startswith(f"KV prefix-cache hit ratio of engine {ab}/dram_only (tierstore)")
     assert rounds_done >= 8  # after the collapse the planner predicts (round 8), never before
 
     # The prediction came first: the DRAM-only arm's DRAM tier, filling round after round, reached the ticket
     # queue before the collapse paged.
     imminent = hook.firing("KVCacheCollapseImminent")
-    assert {a["labels"]["system"] for _, a in imminent} == {f"tierstore:{ab}/dram_only"}
+    assert {(a["labels"]["target"], a["labels"]["system"]) for _, a in imminent} == {
+        ("tierstore", f"tierstore:{ab}/dram_only")
+    }
     assert hook.notifications.index(imminent[0][0]) < hook.notifications.index(notification)
     assert imminent[0][0]["receiver"] == "kvscope-tickets"
 
@@ -317,7 +321,7 @@ def test_the_dram_only_arm_collapse_goes_from_prometheus_rules_through_alertmana
         assert query(prometheus, f'count_over_time(ALERTS{{alertname="{guard}"}}[5m])') == [], guard
     assert [n for n in hook.notifications if n["receiver"] == "kvscope-verification"] == []
     # ... while the guards' inputs were there to be judged.
-    nof = query(prometheus, f'ab_arm_system_tier:kv_tier_written_bytes:rate5m{{ab="{ab}", tier="nof"}}')
+    nof = query(prometheus, f'ab_arm_target_system_tier:kv_tier_written_bytes:rate5m{{ab="{ab}", tier="nof"}}')
     assert {s["metric"]["arm"]: float(s["value"][1]) > 0 for s in nof} == {"dram_only": False, "tiered": True}
 
     assert time.monotonic() - started_at < 90

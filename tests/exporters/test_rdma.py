@@ -1,10 +1,11 @@
 """RDMA NICs from sysfs through the collector and its mapping.
 
 The fixture tree (tests/fixtures/rdma/sysfs, from prometheus/procfs) has mlx4, mlx5 (with hw_counters) and hfi1
-InfiniBand ports; everything it lacks (RoCE ports, symlinked devices with netdevs, GID netdevs, congestion
-counters, N/A values, legacy counters_ext, saturated and wrapping counters) is written by the tests in tmp_path,
-laid out as a real sysfs is: class/infiniband/<dev> -> devices/.../infiniband/<dev>, <dev>/device -> the PCI
-function, whose net/<ifname>/ holds the netdevs.
+InfiniBand ports; tests/fixtures/rdma/synthetic/sysfs is SYNTHETIC: its mlx5 port copied under another name with
+made-up congestion counters (PROVENANCE.md). Everything else the capture lacks (RoCE ports, symlinked devices with
+netdevs, GID netdevs, N/A values, legacy counters_ext, saturated and wrapping counters) is written by the tests in
+tmp_path, laid out as a real sysfs is: class/infiniband/<dev> -> devices/.../infiniband/<dev>, <dev>/device -> the
+PCI function, whose net/<ifname>/ holds the netdevs.
 """
 
 from __future__ import annotations
@@ -16,21 +17,48 @@ import gc
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import time
 import types
 from pathlib import Path
 
+import httpx
 import pytest
 
 from kvscope.exporters.base import CollectError, collectors
 from kvscope.exporters.config import parse_config
 from kvscope.exporters.normalizer import mapping_for
+from kvscope.exporters.otel import TelemetryBridge
 from kvscope.exporters.rdma import RdmaCollector, parse_statistic_json
 from kvscope.exporters.scrape import Scraper
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "rdma" / "sysfs"
+SYNTHETIC = FIXTURE.parent / "synthetic" / "sysfs"  # made-up congestion counters: not a capture
 NIC = ("host", "device", "port", "netdev", "role")
+# The counters exporters/mappings/rdma.yaml maps to rdma.port.errors, by raw series.
+PMA_ERRORS = (
+    "symbol_error",
+    "link_error_recovery",
+    "link_downed",
+    "port_rcv_errors",
+    "port_rcv_remote_physical_errors",
+    "port_rcv_switch_relay_errors",
+    "port_xmit_discards",
+    "port_xmit_constraint_errors",
+    "port_rcv_constraint_errors",
+    "local_link_integrity_errors",
+    "excessive_buffer_overrun_errors",
+    "VL15_dropped",
+)
+HW_ERRORS = ("out_of_sequence", "packet_seq_err", "local_ack_timeout_err", "rnr_nak_retry_err", "out_of_buffer")
+# rdma.port.congestion's events, by the mlx5 hw counter each comes from.
+CONGESTION = {
+    "np_cnp_sent": "cnp_sent",
+    "np_ecn_marked_roce_packets": "ecn_marked",
+    "rp_cnp_handled": "cnp_handled",
+    "rp_cnp_ignored": "cnp_ignored",
+}
 
 
 def config_of(sysfs: Path, **fields):
@@ -66,7 +94,14 @@ def nic(device: str, port: str, netdev: str = "", role: str = "", host: str = "n
 
 
 def bytes_by_port(normalized) -> dict[tuple[str, tuple], float]:
-    return {(s.name, s.labels): s.value for s in normalized}
+    """rdma.port.tx.bytes and rdma.port.rx.bytes: (instrument, labels) -> value."""
+    return {(s.name, s.labels): s.value for s in normalized if s.name.endswith(".bytes")}
+
+
+def model(normalized, instrument: str, key: str) -> dict[tuple[str, str, str], float]:
+    """One instrument's series: (device, port, the value of label `key`) -> value."""
+    found = [s for s in normalized if s.name == instrument]
+    return {(s.label_map["device"], s.label_map["port"], s.label_map[key]): s.value for s in found}
 
 
 # --- synthetic sysfs ---------------------------------------------------------------------------------------------
@@ -222,6 +257,86 @@ def test_fixture_bytes_are_words_times_four():
     assert bytes_by_port(normalized)[("rdma.port.tx.bytes", nic("mlx5_0", "1"))] == 11523046035392
 
 
+def test_fixture_errors_are_the_error_counters_as_read():
+    raw, normalized = scrape(FIXTURE)
+    errors = model(normalized, "rdma.port.errors", "error")
+    ports = [("mlx4_0", "1"), ("mlx4_0", "2"), ("mlx5_0", "1"), ("hfi1_0", "1")]
+    # Every PMA error counter of every port, and mlx5's five transport error counters: 4 x 12 + 5.
+    assert set(errors) == {(d, p, e) for d, p in ports for e in PMA_ERRORS} | {("mlx5_0", "1", e) for e in HW_ERRORS}
+    for (device, port, error), number in errors.items():
+        name = "rdma_port_counter" if error in PMA_ERRORS else "rdma_port_hw_counter"
+        assert number == value(raw, name, device=device, port=port, counter=error), (device, port, error)
+    # Hand-read from mlx5_0/ports/1/hw_counters; the captured PMA error counters are all 0.
+    assert errors[("mlx5_0", "1", "local_ack_timeout_err")] == 131
+    assert errors[("mlx5_0", "1", "out_of_sequence")] == errors[("mlx5_0", "1", "packet_seq_err")] == 1
+    assert {errors[(d, p, e)] for d, p in ports for e in PMA_ERRORS} == {0}
+    assert {s.kind for s in normalized} == {"counter"}
+    assert set(find(normalized, "rdma.port.errors")[0].label_map) == {*NIC, "error"}
+    # Counters that are not errors, or count teardowns too, stay raw.
+    assert not {"port_xmit_wait", "duplicate_request", "req_cqe_error", "resp_cqe_flush_error"} & {
+        error for _, _, error in errors
+    }
+    # The capture has no congestion counters: no congestion series.
+    assert find(normalized, "rdma.port.congestion") == []
+
+
+def test_synthetic_congestion_counters_map_to_events():
+    # SYNTHETIC tree: the captured mlx5 port as mlx5_1, with made-up np_/rp_ counters (fixtures/rdma/PROVENANCE.md).
+    raw, normalized = scrape(SYNTHETIC, roles={"mlx5_1": "nof"})
+    congestion = model(normalized, "rdma.port.congestion", "event")
+    assert congestion == {
+        ("mlx5_1", "1", "cnp_sent"): 18432,
+        ("mlx5_1", "1", "ecn_marked"): 20917,
+        ("mlx5_1", "1", "cnp_handled"): 9306,
+        ("mlx5_1", "1", "cnp_ignored"): 2,
+    }
+    for counter, event in CONGESTION.items():
+        assert congestion[("mlx5_1", "1", event)] == value(raw, "rdma_port_hw_counter", counter=counter)
+    (sample,) = find(normalized, "rdma.port.congestion", event="cnp_sent")
+    assert sample.label_map == {
+        "host": "node-a", "device": "mlx5_1", "port": "1", "netdev": "", "role": "nof", "event": "cnp_sent"
+    }  # fmt: skip
+    assert sample.kind == "counter" and sample.source == "rdma" and sample.normalized
+    # The copied counters map as in the capture: bytes and errors of mlx5_0, under mlx5_1.
+    captured = scrape(FIXTURE, devices=["mlx5_0"])[1]
+    assert model(normalized, "rdma.port.errors", "error") == {
+        ("mlx5_1", p, e): v for (_, p, e), v in model(captured, "rdma.port.errors", "error").items()
+    }
+
+
+def test_each_error_counter_maps_to_its_own_error(tmp_path):
+    # Distinct values per counter, each within its width (4, 8 or 16 bits): a rule reading the wrong file shows.
+    pma = {name: index + 1 for index, name in enumerate(PMA_ERRORS)}
+    hw = {name: 100 + index for index, name in enumerate(HW_ERRORS)}
+    rdma_port(rdma_device(tmp_path, "mlx5_0"), counters={**pma, "port_xmit_wait": 999}, hw={**hw, "req_cqe_error": 7})
+    _, normalized = scrape(tmp_path, roles={"mlx5_0": "dram"})
+    assert model(normalized, "rdma.port.errors", "error") == {("mlx5_0", "1", e): v for e, v in {**pma, **hw}.items()}
+    assert {s.label_map["role"] for s in normalized} == {"dram"}
+
+
+def test_promtool_accepts_the_exported_congestion_and_errors(require_real):
+    promtool = shutil.which("promtool")
+    require_real(promtool is not None, "promtool is not installed (Debian package prometheus)")
+    target = {"name": "nics", "source": "rdma", "sysfs": str(SYNTHETIC), "host": "node-a", "roles": {"mlx5_1": "nof"}}
+    config = parse_config({"exporter": {"listen_port": 0}, "targets": [target]})
+    scraper = Scraper(config.targets)
+
+    async def once():
+        await scraper.scrape_all()
+        await scraper.close()
+
+    asyncio.run(once())
+    bridge = TelemetryBridge(scraper, config.exporter)
+    try:
+        text = httpx.get(f"http://127.0.0.1:{bridge.serve()}/metrics").text
+    finally:
+        bridge.shutdown()
+    assert "\nrdma_port_congestion_total{" in text and "\nrdma_port_errors_total{" in text
+    checked = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert checked.stdout.strip() == "" and checked.stderr.strip() == ""
+
+
 def test_hw_counters_off_reads_only_the_port_counters_and_keeps_the_bytes():
     everything, normalized = scrape(FIXTURE)
     lean, lean_normalized = scrape(FIXTURE, hw_counters=False)
@@ -233,13 +348,15 @@ def test_hw_counters_off_reads_only_the_port_counters_and_keeps_the_bytes():
         "rdma_port_hw_counters_lifespan_ms",
         "rdma_device_hw_counters_lifespan_ms",
     }
-    assert lean_normalized == normalized
+    # Only the errors the drivers' hw_counters/ count are lost: bytes and the PMA error counters stay.
+    assert lean_normalized == [s for s in normalized if s.label_map.get("error") not in HW_ERRORS]
 
 
 def test_devices_filter_reads_only_those():
     raw, normalized = scrape(FIXTURE, devices=["mlx5_0"])
     assert {s.label_map["device"] for s in raw} == {"mlx5_0"}
-    assert len(normalized) == 2
+    assert {s.label_map["device"] for s in normalized} == {"mlx5_0"}
+    assert len(bytes_by_port(normalized)) == 2
 
 
 def test_a_scrape_changes_nothing_in_the_tree(tmp_path):
@@ -303,6 +420,17 @@ def test_roce_port_netdev_from_gid_table_and_congestion_counters(tmp_path):
         ("rdma.port.tx.bytes", nic("mlx5_0", "1", "ens1f0np0", "nof")): 123456789012 * 4,
         ("rdma.port.rx.bytes", nic("mlx5_0", "1", "ens1f0np0", "nof")): 98765432109 * 4,
     }
+    assert model(normalized, "rdma.port.congestion", "event") == {
+        ("mlx5_0", "1", "cnp_sent"): 4242,
+        ("mlx5_0", "1", "cnp_handled"): 4100,
+        ("mlx5_0", "1", "cnp_ignored"): 3,
+        ("mlx5_0", "1", "ecn_marked"): 5150,
+    }
+    assert model(normalized, "rdma.port.errors", "error") == {
+        ("mlx5_0", "1", "symbol_error"): 0,
+        ("mlx5_0", "1", "out_of_buffer"): 17,
+    }
+    assert {s.label_map["netdev"] + "/" + s.label_map["role"] for s in normalized} == {"ens1f0np0/nof"}
     # Every port-level sample carries all five model labels.
     for sample in raw:
         if "port" in sample.label_map:
@@ -707,7 +835,7 @@ def test_rdma_tool_unavailable_is_skipped_cleanly(tmp_path, tool):
     roce_host(tmp_path / "sys")
     raw, normalized = scrape(tmp_path / "sys", rdma_tool=True, rdma_tool_path=tool(tmp_path))
     assert value(raw, "rdma_stat_tool_up") == 0 and find(raw, "rdma_port_stat") == []
-    assert len(normalized) == 2
+    assert len(bytes_by_port(normalized)) == 2
 
 
 def test_rdma_tool_that_hangs_is_killed_and_skipped(tmp_path):
@@ -719,7 +847,7 @@ def test_rdma_tool_that_hangs_is_killed_and_skipped(tmp_path):
     started = time.monotonic()
     raw, normalized = scrape(tmp_path / "sys", rdma_tool=True, rdma_tool_path=str(script), timeout_s=0.5)
     assert time.monotonic() - started < 10
-    assert value(raw, "rdma_stat_tool_up") == 0 and len(normalized) == 2
+    assert value(raw, "rdma_stat_tool_up") == 0 and len(bytes_by_port(normalized)) == 2
     pid = int(pid_file.read_text())
     with pytest.raises(ProcessLookupError):  # killed and reaped, not left running
         os.kill(pid, 0)
@@ -794,4 +922,4 @@ def test_without_pyverbs_nothing_is_added(tmp_path, monkeypatch):
     roce_host(tmp_path)
     raw, normalized = scrape(tmp_path, verbs=True)
     assert not [s for s in raw if s.name.endswith(("_mtu_bytes", "_table_size", "_message_bytes"))]
-    assert len(normalized) == 2
+    assert len(bytes_by_port(normalized)) == 2

@@ -14,19 +14,23 @@ import contextlib
 import itertools
 import json
 import re
+import shutil
 import socket
 import struct
+import subprocess
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from kvscope.exporters.base import CollectError, collectors
 from kvscope.exporters.config import ConfigError, parse_config
 from kvscope.exporters.normalizer import mapping_for
+from kvscope.exporters.otel import TelemetryBridge
 from kvscope.exporters.scrape import Scraper
 from kvscope.exporters.spdk import SpdkCollector
 from kvscope.samples import Sample
@@ -429,7 +433,18 @@ def test_live_mapping_onto_the_kv_tier_model(peer_factory):
         ("kv.tier.capacity.bytes", nof): sum(s.value for s in raw if s.name == "spdk_lvstore_capacity_bytes"),
     }
     assert tier[("kv.tier.allocated.bytes", nof)] > 0
-    got = {k: v for k, v in got.items() if k not in tier}
+    # the reactor of lcore 0, its busy and idle ticks in seconds (as test_live_capacity_... reads them raw); the
+    # role is the target's, role_by_bdev names bdevs only
+    reactor = {k: v for k, v in got.items() if k[0].startswith("storage.reactor.")}
+    lcore0 = (("lcore", "0"), ("role", "nof"))
+    assert reactor == {
+        ("storage.reactor.busy", lcore0): approx(24639920196 / TICK_RATE),  # 10.057110284081633 s
+        ("storage.reactor.idle", lcore0): approx(58028910781 / TICK_RATE),  # 23.68526970653061 s
+    }
+    assert reactor[("storage.reactor.busy", lcore0)] == value(raw, "spdk_reactor_busy_seconds", lcore="0")
+    assert reactor[("storage.reactor.idle", lcore0)] == value(raw, "spdk_reactor_idle_seconds", lcore="0")
+    assert {s.kind for s in normalized if s.name.startswith("storage.reactor.")} == {"counter"}
+    got = {k: v for k, v in got.items() if k not in tier and k not in reactor}
     assert len(got) == 3 * 10  # 3 bdevs x (read + written bytes, 4 ops, 4 latencies): each bdev exactly once
 
     def key(name: str, bdev: str, subsystem: str, role: str, op: str | None = None):
@@ -461,6 +476,29 @@ def test_live_mapping_onto_the_kv_tier_model(peer_factory):
         v for (name, labels), v in got.items() if name == "storage.bdev.read.bytes" and dict(labels)["subsystem"] == NQN
     )
     assert by_subsystem == value(raw, "spdk_nvmf_subsystem_bytes_read", subsystem=NQN) == 3977871360
+
+
+def test_promtool_accepts_the_exported_reactors(peer_factory, require_real):
+    promtool = shutil.which("promtool")
+    require_real(promtool is not None, "promtool is not installed (Debian package prometheus)")
+    target = {"name": "spdk-a", "source": "spdk", "socket": peer_factory().listener.getsockname()}
+    config = parse_config({"exporter": {"listen_port": 0}, "targets": [{**target, "labels": {"role": "nof"}}]})
+    scraper = Scraper(config.targets)
+
+    async def once():
+        await scraper.scrape_all()
+        await scraper.close()
+
+    asyncio.run(once())
+    bridge = TelemetryBridge(scraper, config.exporter)
+    try:
+        text = httpx.get(f"http://127.0.0.1:{bridge.serve()}/metrics").text
+    finally:
+        bridge.shutdown()
+    assert "\nstorage_reactor_busy_seconds_total{" in text and "\nstorage_reactor_idle_seconds_total{" in text
+    checked = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert checked.stdout.strip() == "" and checked.stderr.strip() == ""
 
 
 def test_rates_are_windowed_on_the_answers_own_ticks(peer_factory):
@@ -577,12 +615,15 @@ def test_an_unknown_bdev_is_reported_and_the_others_still_read(peer_factory):
 def test_methods_an_older_target_lacks_are_skipped_and_counted(peer_factory):
     missing = "live/error.method_not_found.json"
     target = replacing(live_target, framework_get_reactors=missing, thread_get_stats=missing)
-    (raw,) = scrapes(make_collector(peer_factory(target)))
+    collector = make_collector(peer_factory(target))
+    (raw,) = scrapes(collector)
     assert errors(raw) == {
         ("framework_get_reactors", "-32601", "Method not found"): 1,
         ("thread_get_stats", "-32601", "Method not found"): 1,
     }
     assert not [s for s in raw if s.name.startswith(("spdk_reactor_", "spdk_thread_"))]
+    normalized = mapping_for("spdk").apply(raw, collector.config.labels)
+    assert not [s for s in normalized if s.name.startswith("storage.reactor.")]  # no reactors, no reactor series
     assert value(raw, "spdk_bdev_bytes_read", bdev="Malloc0") == 2227339264
     assert value(raw, "spdk_lvstore_allocated_bytes", lvstore="lvs0") == 33554432
 
@@ -613,6 +654,15 @@ def test_doc_examples_older_shapes(peer_factory):
     assert value(first, "spdk_thread_busy_seconds", thread="app_thread") == approx(0.05800967)
     assert value(first, "spdk_version_info", version="19.04-pre") == 1
     assert errors(first) == {}
+    # the reactor on the model: busy as above; idle 3624832946 / 2.4e9 = 1.5103470608333334 s
+    normalized = mapping_for("spdk").apply(first, {"role": "nof"})
+    reactor = {
+        (s.name, s.label_map["lcore"], s.label_map["role"]): s.value for s in normalized if "lcore" in s.label_map
+    }
+    assert reactor == {
+        ("storage.reactor.busy", "0", "nof"): approx(17.20405145625),
+        ("storage.reactor.idle", "0", "nof"): approx(1.5103470608333334),
+    }
 
 
 def test_subsystem_join_by_alias_and_uuid(peer_factory):
