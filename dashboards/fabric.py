@@ -25,8 +25,8 @@ SUBSYSTEMS = 'subsystem=~"$subsystem"'
 def _mean_latency(by: str, selector: str) -> str:
     """I/O time per second over operations per second: the mean latency of one operation, a ratio of rates."""
     return (
-        f"sum by ({by}) (bdev_subsystem_role_op:storage_bdev_latency_seconds:rate5m{{{selector}}})"
-        f" / sum by ({by}) (bdev_subsystem_role_op:storage_bdev_ops:rate5m{{{selector}}})"
+        f"sum by ({by}) (target_bdev_subsystem_role_op:storage_bdev_latency_seconds:rate5m{{{selector}}})"
+        f" / sum by ({by}) (target_bdev_subsystem_role_op:storage_bdev_ops:rate5m{{{selector}}})"
     )
 
 
@@ -127,11 +127,12 @@ def build() -> dashboard.Dashboard:
             "Bps",
             [
                 Query(
-                    f"sum by (bdev) (bdev_subsystem_role:storage_bdev_read_bytes:rate5m{{{BDEVS}}})", "{{bdev}} read"
+                    f"sum by (target, bdev) (target_bdev_subsystem_role:storage_bdev_read_bytes:rate5m{{{BDEVS}}})",
+                    "{{target}} {{bdev}} read",
                 ),
                 Query(
-                    f"sum by (bdev) (bdev_subsystem_role:storage_bdev_written_bytes:rate5m{{{BDEVS}}})",
-                    "{{bdev}} written",
+                    f"sum by (target, bdev) (target_bdev_subsystem_role:storage_bdev_written_bytes:rate5m{{{BDEVS}}})",
+                    "{{target}} {{bdev}} written",
                 ),
             ],
             width=8,
@@ -142,7 +143,8 @@ def build() -> dashboard.Dashboard:
             "iops",
             [
                 Query(
-                    f"sum by (bdev, op) (bdev_subsystem_role_op:storage_bdev_ops:rate5m{{{BDEVS}}})", "{{bdev}} {{op}}"
+                    f"sum by (target, bdev, op) (target_bdev_subsystem_role_op:storage_bdev_ops:rate5m{{{BDEVS}}})",
+                    "{{target}} {{bdev}} {{op}}",
                 )
             ],
             width=8,
@@ -152,7 +154,7 @@ def build() -> dashboard.Dashboard:
             "Mean time one operation spent in the bdev, per operation: SPDK's latency ticks over its operations, "
             "both as 5 min rates.",
             "s",
-            [Query(_mean_latency("bdev, op", BDEVS), "{{bdev}} {{op}}")],
+            [Query(_mean_latency("target, bdev, op", BDEVS), "{{target}} {{bdev}} {{op}}")],
             width=8,
         ),
     )
@@ -164,11 +166,12 @@ def build() -> dashboard.Dashboard:
             "Bps",
             [
                 Query(
-                    f"sum by (subsystem) (bdev_subsystem_role:storage_bdev_read_bytes:rate5m{{{SUBSYSTEMS}}})",
+                    f"sum by (subsystem) (target_bdev_subsystem_role:storage_bdev_read_bytes:rate5m{{{SUBSYSTEMS}}})",
                     "{{subsystem}} read",
                 ),
                 Query(
-                    f"sum by (subsystem) (bdev_subsystem_role:storage_bdev_written_bytes:rate5m{{{SUBSYSTEMS}}})",
+                    "sum by (subsystem) "
+                    f"(target_bdev_subsystem_role:storage_bdev_written_bytes:rate5m{{{SUBSYSTEMS}}})",
                     "{{subsystem}} written",
                 ),
             ],
@@ -180,7 +183,7 @@ def build() -> dashboard.Dashboard:
             "iops",
             [
                 Query(
-                    f"sum by (subsystem, op) (bdev_subsystem_role_op:storage_bdev_ops:rate5m{{{SUBSYSTEMS}}})",
+                    f"sum by (subsystem, op) (target_bdev_subsystem_role_op:storage_bdev_ops:rate5m{{{SUBSYSTEMS}}})",
                     "{{subsystem}} {{op}}",
                 )
             ],
