@@ -39,7 +39,6 @@ import math
 import os
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -49,6 +48,7 @@ from pathlib import Path
 
 import httpx
 import yaml
+from localhost import free_port, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 LONG_OUTPUT = ROOT / "examples" / "long_output.yaml"
@@ -85,12 +85,6 @@ class Load:
 # ------------------------------------------------------------------------------------------------- service
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def start_service(workdir: Path, port: int) -> subprocess.Popen:
     """`kvscope serve` on 127.0.0.1:port over a fresh database; its output goes to workdir/service.log."""
     script = Path(sys.executable).with_name("kvscope")
@@ -108,17 +102,12 @@ def start_service(workdir: Path, port: int) -> subprocess.Popen:
 
 
 def wait_until_up(base: str, service: subprocess.Popen, seconds: float = 30) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+    def up() -> bool:
         if service.poll() is not None:
             raise SystemExit(f"the service exited with {service.returncode}")
-        try:
-            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise SystemExit(f"the service did not answer /healthz within {seconds} s")
+        return httpx.get(f"{base}/healthz", timeout=1).status_code == 200
+
+    wait_for(up, "the service (/healthz)", seconds)
 
 
 def cpu_seconds(pid: int) -> float:

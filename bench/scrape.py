@@ -24,7 +24,6 @@ import itertools
 import os
 import shlex
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,6 +33,7 @@ import time
 from pathlib import Path
 
 import httpx
+from localhost import free_port, wait_for
 from prometheus_client import REGISTRY, generate_latest
 
 from kvscope.exporters.config import ExporterSettings, parse_config
@@ -68,24 +68,6 @@ SPDK_PEER = textwrap.dedent(
                 conn.sendall(json.dumps(answer).encode())
     """
 )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_for(check, what: str, seconds: float = 15) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except (OSError, httpx.TransportError):
-            pass
-        time.sleep(0.1)
-    raise SystemExit(f"{what} did not come up within {seconds} s")
 
 
 def nic_tree(workdir: Path) -> Path:
@@ -145,7 +127,7 @@ def node_exporter_cpu(binary: str, sysfs: Path, repeat: int) -> tuple[list[float
     )
     try:
         url = f"http://127.0.0.1:{port}/metrics"
-        wait_for(lambda: httpx.get(url).status_code == 200, "node_exporter")
+        wait_for(lambda: httpx.get(url).status_code == 200, "node_exporter", 15)
         with httpx.Client() as client:
             lines = sum(line.startswith("node_infiniband") for line in client.get(url).text.splitlines())
             clock = cpu_clock(process.pid)
@@ -192,8 +174,8 @@ def main() -> int:
             subprocess.Popen([sys.executable, "-c", SPDK_PEER, str(spdk_socket), str(FIXTURES / "spdk" / "live")])
         )
         base = f"http://127.0.0.1:{port}"
-        wait_for(lambda: httpx.get(f"{base}/vllm.txt").status_code == 200, "the fixture web server")
-        wait_for(spdk_socket.exists, "the SPDK peer")
+        wait_for(lambda: httpx.get(f"{base}/vllm.txt").status_code == 200, "the fixture web server", 15)
+        wait_for(spdk_socket.exists, "the SPDK peer", 15)
         rdma = {
             "name": "nics",
             "source": "rdma",

@@ -63,12 +63,11 @@ import os
 import resource
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
@@ -76,6 +75,7 @@ from statistics import median
 import duckdb
 import httpx
 import numpy as np
+from localhost import free_port, wait_for
 
 from kvscope.model import INSTRUMENTS, prometheus_name
 from kvscope.samples import Labels, Sample, labels_of
@@ -391,24 +391,6 @@ def write_openmetrics(path: Path, arms: list[Arm], blocks: list[np.ndarray], sta
     return lines
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_for(check: Callable[[], bool], what: str, seconds: float = 60) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except (OSError, httpx.TransportError):
-            pass
-        time.sleep(0.1)
-    raise SystemExit(f"{what} did not come up within {seconds:.0f} s")
-
-
 class Prometheus:
     """A real Prometheus serving a TSDB directory on 127.0.0.1 (scraping nothing), stopped on exit."""
 
@@ -431,7 +413,9 @@ class Prometheus:
         self.client = httpx.Client(base_url=self.url, timeout=120)
 
     def __enter__(self) -> Prometheus:
-        wait_for(lambda: self.process.poll() is None and self.client.get("/-/ready").status_code == 200, "Prometheus")
+        wait_for(
+            lambda: self.process.poll() is None and self.client.get("/-/ready").status_code == 200, "Prometheus", 60
+        )
         return self
 
     def __exit__(self, *exc: object) -> None:

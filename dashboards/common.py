@@ -68,6 +68,18 @@ def ideal_hit_ratio(engines: str, legend: str) -> list[Query]:
     ]
 
 
+def hit_ratio_by_layer(engines: str, legend: str = "") -> list[Query]:
+    """The prefix-cache hit ratio of each engine of `engines` (a label matcher) per layer, overall, and against its
+    ideal where the model knows it (`ideal_hit_ratio`), from the recording rules; their legends are `legend`
+    followed by the layer, "overall" and "ideal"."""
+    prefix = f"{legend} " if legend else ""
+    return [
+        Query(f"target_engine_layer:kv_prefix_hit_ratio:rate5m{{{engines}}}", prefix + "{{layer}}"),
+        Query(f"target_engine:kv_prefix_hit_ratio:rate5m{{{engines}}}", f"{prefix}overall"),
+        *ideal_hit_ratio(engines, f"{prefix}ideal"),
+    ]
+
+
 # ------------------------------------------------------------------------------------------------------- variables
 
 
@@ -118,6 +130,11 @@ def _targets(queries: Sequence[Query]) -> list[prometheus.Dataquery]:
     return targets
 
 
+def _prometheus_panel(panel, title: str, description: str, unit: str, queries: Sequence[Query]):
+    """A panel builder given its title, description and unit, reading `queries` from the dashboard's Prometheus."""
+    return panel.title(title).description(description).unit(unit).datasource(PROMETHEUS).targets(_targets(queries))
+
+
 def _size(panel, width: int, height: int, repeat: str | None):
     """Width and height; a repeated panel is repeated horizontally, two per row: arms or roles side by side."""
     panel = panel.span(width).height(height)
@@ -145,12 +162,7 @@ def timeseries_panel(
     No field overrides: Grafana's JSON schema types their options and values as objects, which the common ones
     (a refId, a transform name) are not, so a dashboard using them would not validate."""
     panel = (
-        timeseries.Panel()
-        .title(title)
-        .description(description)
-        .unit(unit)
-        .datasource(PROMETHEUS)
-        .targets(_targets(queries))
+        _prometheus_panel(timeseries.Panel(), title, description, unit, queries)
         .legend(
             common_builders.VizLegendOptions()
             .display_mode(common.LegendDisplayMode.TABLE)
@@ -191,12 +203,7 @@ def stat_panel(
 ) -> stat.Panel:
     """Big numbers, one per series, coloured by `steps` (colour, from value; the first from -inf)."""
     panel = (
-        stat.Panel()
-        .title(title)
-        .description(description)
-        .unit(unit)
-        .datasource(PROMETHEUS)
-        .targets(_targets(queries))
+        _prometheus_panel(stat.Panel(), title, description, unit, queries)
         .reduce_options(common_builders.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
         .graph_mode(common.BigValueGraphMode.NONE)
         .color_mode(common.BigValueColorMode.BACKGROUND)

@@ -10,6 +10,7 @@ reactors' busy share says how much headroom the target's cores have left.
 
 from __future__ import annotations
 
+from grafana_foundation_sdk.builders import timeseries
 from grafana_foundation_sdk.models import dashboard
 
 from kvscope.dashboards.common import Board, Query, label_variable, metric, timeseries_panel
@@ -28,6 +29,47 @@ def _mean_latency(by: str, selector: str) -> str:
         f"sum by ({by}) (target_bdev_subsystem_role_op:storage_bdev_latency_seconds:rate5m{{{selector}}})"
         f" / sum by ({by}) (target_bdev_subsystem_role_op:storage_bdev_ops:rate5m{{{selector}}})"
     )
+
+
+def _io_panels(
+    name: str, by: str, selector: str, legend: str, *, throughput: str, iops: str, latency: str
+) -> list[timeseries.Panel]:
+    """Throughput, IOPS and mean latency of the bdevs `selector` picks summed by `by` (per operation for IOPS and
+    latency), side by side; titled "`name` throughput" and so on, described by the three texts."""
+    return [
+        timeseries_panel(
+            f"{name} throughput",
+            throughput,
+            "Bps",
+            [
+                Query(
+                    f"sum by ({by}) (target_bdev_subsystem_role:storage_bdev_{what}_bytes:rate5m{{{selector}}})",
+                    f"{legend} {what}",
+                )
+                for what in ("read", "written")
+            ],
+            width=8,
+        ),
+        timeseries_panel(
+            f"{name} IOPS",
+            iops,
+            "iops",
+            [
+                Query(
+                    f"sum by ({by}, op) (target_bdev_subsystem_role_op:storage_bdev_ops:rate5m{{{selector}}})",
+                    legend + " {{op}}",
+                )
+            ],
+            width=8,
+        ),
+        timeseries_panel(
+            f"{name} mean latency",
+            latency,
+            "s",
+            [Query(_mean_latency(f"{by}, op", selector), legend + " {{op}}")],
+            width=8,
+        ),
+    ]
 
 
 def build() -> dashboard.Dashboard:
@@ -120,82 +162,29 @@ def build() -> dashboard.Dashboard:
     )
 
     board.row("SPDK bdevs").panels(
-        timeseries_panel(
-            "Bdev throughput",
-            "Bytes read and written per second per bdev. Stacked bdevs report at each layer: an lvol's "
+        *_io_panels(
+            "Bdev",
+            "target, bdev",
+            BDEVS,
+            "{{target}} {{bdev}}",
+            throughput="Bytes read and written per second per bdev. Stacked bdevs report at each layer: an lvol's "
             "I/O shows again on its base bdev.",
-            "Bps",
-            [
-                Query(
-                    f"sum by (target, bdev) (target_bdev_subsystem_role:storage_bdev_read_bytes:rate5m{{{BDEVS}}})",
-                    "{{target}} {{bdev}} read",
-                ),
-                Query(
-                    f"sum by (target, bdev) (target_bdev_subsystem_role:storage_bdev_written_bytes:rate5m{{{BDEVS}}})",
-                    "{{target}} {{bdev}} written",
-                ),
-            ],
-            width=8,
-        ),
-        timeseries_panel(
-            "Bdev IOPS",
-            "Operations per second per bdev and operation (read, write, unmap, copy).",
-            "iops",
-            [
-                Query(
-                    f"sum by (target, bdev, op) (target_bdev_subsystem_role_op:storage_bdev_ops:rate5m{{{BDEVS}}})",
-                    "{{target}} {{bdev}} {{op}}",
-                )
-            ],
-            width=8,
-        ),
-        timeseries_panel(
-            "Bdev mean latency",
-            "Mean time one operation spent in the bdev, per operation: SPDK's latency ticks over its operations, "
-            "both as 5 min rates.",
-            "s",
-            [Query(_mean_latency("target, bdev, op", BDEVS), "{{target}} {{bdev}} {{op}}")],
-            width=8,
-        ),
+            iops="Operations per second per bdev and operation (read, write, unmap, copy).",
+            latency="Mean time one operation spent in the bdev, per operation: SPDK's latency ticks over its "
+            "operations, both as 5 min rates.",
+        )
     )
 
     board.row("NVMe-oF subsystems").panels(
-        timeseries_panel(
-            "Subsystem throughput",
-            "Bytes read and written per second through each NVMe-oF subsystem (its exported bdevs).",
-            "Bps",
-            [
-                Query(
-                    f"sum by (subsystem) (target_bdev_subsystem_role:storage_bdev_read_bytes:rate5m{{{SUBSYSTEMS}}})",
-                    "{{subsystem}} read",
-                ),
-                Query(
-                    "sum by (subsystem) "
-                    f"(target_bdev_subsystem_role:storage_bdev_written_bytes:rate5m{{{SUBSYSTEMS}}})",
-                    "{{subsystem}} written",
-                ),
-            ],
-            width=8,
-        ),
-        timeseries_panel(
-            "Subsystem IOPS",
-            "Operations per second through each NVMe-oF subsystem, per operation.",
-            "iops",
-            [
-                Query(
-                    f"sum by (subsystem, op) (target_bdev_subsystem_role_op:storage_bdev_ops:rate5m{{{SUBSYSTEMS}}})",
-                    "{{subsystem}} {{op}}",
-                )
-            ],
-            width=8,
-        ),
-        timeseries_panel(
-            "Subsystem mean latency",
-            "Mean time one operation spent in the subsystem's bdevs, per operation (I/O time over operations).",
-            "s",
-            [Query(_mean_latency("subsystem, op", SUBSYSTEMS), "{{subsystem}} {{op}}")],
-            width=8,
-        ),
+        *_io_panels(
+            "Subsystem",
+            "subsystem",
+            SUBSYSTEMS,
+            "{{subsystem}}",
+            throughput="Bytes read and written per second through each NVMe-oF subsystem (its exported bdevs).",
+            iops="Operations per second through each NVMe-oF subsystem, per operation.",
+            latency="Mean time one operation spent in the subsystem's bdevs, per operation (I/O time over operations).",
+        )
     )
 
     board.row("SPDK reactors").panels(

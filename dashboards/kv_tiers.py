@@ -17,6 +17,7 @@ from kvscope.dashboards.common import (
     COLLAPSE_WATERMARK,
     Board,
     Query,
+    hit_ratio_by_layer,
     ideal_hit_ratio,
     label_variable,
     metric,
@@ -73,11 +74,7 @@ def build() -> dashboard.Dashboard:
             + (", against the analytic bound (ideal)" if ideal_hit_ratio(ENGINES, "") else "")
             + ". A cliff in overall while bytes written jump is the evict-recompute-rewrite collapse.",
             "percentunit",
-            [
-                Query(f"target_engine_layer:kv_prefix_hit_ratio:rate5m{{{ENGINES}}}", ENGINE + " {{layer}}"),
-                Query(f"target_engine:kv_prefix_hit_ratio:rate5m{{{ENGINES}}}", f"{ENGINE} overall"),
-                *ideal_hit_ratio(ENGINES, f"{ENGINE} ideal"),
-            ],
+            hit_ratio_by_layer(ENGINES, ENGINE),
             bounds=(0, 1),
         ),
         timeseries_panel(

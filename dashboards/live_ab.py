@@ -7,12 +7,14 @@ overlays the arms; below, the per-arm panels repeat once per arm, side by side.
 
 from __future__ import annotations
 
+from grafana_foundation_sdk.builders import timeseries
 from grafana_foundation_sdk.models import dashboard
 
 from kvscope.dashboards.common import (
     COLLAPSE_WATERMARK,
     Board,
     Query,
+    hit_ratio_by_layer,
     ideal_hit_ratio,
     label_variable,
     metric,
@@ -25,6 +27,16 @@ ENGINES = 'engine=~"$ab/.+"'
 SYSTEMS = 'system=~"tierstore:$ab/.+"'
 ENGINE = 'engine="$ab/$arm"'
 SYSTEM = 'system="tierstore:$ab/$arm"'
+
+
+def _per_arm(what: str, description: str, unit: str, queries: list[Query], **options) -> timeseries.Panel:
+    """A time series of the arm in $arm, titled "$arm: `what`", repeated once per arm (side by side)."""
+    return timeseries_panel(f"$arm: {what}", description, unit, queries, width=24, repeat="arm", **options)
+
+
+def _per_tier(rule: str) -> list[Query]:
+    """One series per tier of the arm in $arm, from the recording rule `target_system_tier:<rule>`."""
+    return [Query(f"target_system_tier:{rule}{{{SYSTEM}}}", "{{tier}}")]
 
 
 def build() -> dashboard.Dashboard:
@@ -91,47 +103,35 @@ def build() -> dashboard.Dashboard:
     )
 
     board.row("Per arm").panels(
-        timeseries_panel(
-            "$arm: hit ratio by layer",
+        _per_arm(
+            "hit ratio by layer",
             "This arm's hits over lookups per layer (gpu: the emulated GPU cache; external: the store's tiers, "
             "over the GPU misses) and overall.",
             "percentunit",
-            [
-                Query(f"target_engine_layer:kv_prefix_hit_ratio:rate5m{{{ENGINE}}}", "{{layer}}"),
-                Query(f"target_engine:kv_prefix_hit_ratio:rate5m{{{ENGINE}}}", "overall"),
-                *ideal_hit_ratio(ENGINE, "ideal"),
-            ],
-            width=24,
+            hit_ratio_by_layer(ENGINE),
             bounds=(0, 1),
-            repeat="arm",
         ),
-        timeseries_panel(
-            "$arm: bytes written per tier",
+        _per_arm(
+            "bytes written per tier",
             "Bytes written to each of this arm's tiers per second.",
             "Bps",
-            [Query(f"target_system_tier:kv_tier_written_bytes:rate5m{{{SYSTEM}}}", "{{tier}}")],
-            width=24,
-            repeat="arm",
+            _per_tier("kv_tier_written_bytes:rate5m"),
         ),
-        timeseries_panel(
-            "$arm: occupancy per tier",
+        _per_arm(
+            "occupancy per tier",
             f"Allocated over capacity for each of this arm's tiers; the red line is the {COLLAPSE_WATERMARK:.0%} "
             "watermark of KVCacheCollapseImminent.",
             "percentunit",
-            [Query(f"target_system_tier:kv_tier_occupancy:ratio{{{SYSTEM}}}", "{{tier}}")],
-            width=24,
+            _per_tier("kv_tier_occupancy:ratio"),
             bounds=(0, 1),
             watermark=COLLAPSE_WATERMARK,
-            repeat="arm",
         ),
-        timeseries_panel(
-            "$arm: evictions per tier",
+        _per_arm(
+            "evictions per tier",
             "Blocks evicted per second from each of this arm's tiers.",
             "eps",
-            [Query(f"target_system_tier:kv_tier_evictions:rate5m{{{SYSTEM}}}", "{{tier}}")],
-            width=24,
+            _per_tier("kv_tier_evictions:rate5m"),
             axis_label="blocks/s",
-            repeat="arm",
         ),
     )
     return board.build()

@@ -1,7 +1,10 @@
-"""Suite-wide helpers: the real-component gate, and a real HTTP server on 127.0.0.1 whose answers a test sets
-per path (body, status, delay)."""
+"""Suite-wide helpers: the real-component gate, the real binaries behind it (Prometheus, promtool, Alertmanager)
+with `promtool check metrics`, and a real HTTP server on 127.0.0.1 whose answers a test sets per path (body, status,
+delay). Plain helpers for the tests that start real servers are in tests/support/realservers.py."""
 
 import os
+import shutil
+import subprocess
 import threading
 import time
 from dataclasses import dataclass
@@ -23,6 +26,47 @@ def require_real():
         if REQUIRE_REAL:
             pytest.fail(f"{missing} (KVSCOPE_REQUIRE_REAL=1: real components are required)")
         pytest.skip(missing)
+
+    return check
+
+
+# A real binary the tests run: the names it goes by on PATH, what it is called when missing, and where it comes from.
+BINARIES = {
+    "prometheus": (("prometheus",), "prometheus", "Debian package prometheus"),
+    "promtool": (("promtool",), "promtool", "Debian package prometheus"),
+    "alertmanager": (
+        ("prometheus-alertmanager", "alertmanager"),
+        "Alertmanager",
+        "Debian package prometheus-alertmanager",
+    ),
+}
+
+
+@pytest.fixture
+def real_binary(require_real):
+    """`real_binary("promtool")`: the path of one of BINARIES; when it is not installed, `require_real` skips the
+    test (or fails it under KVSCOPE_REQUIRE_REAL=1) naming the package that has it."""
+
+    def find(name: str) -> str:
+        names, called, package = BINARIES[name]
+        path = next((found for found in map(shutil.which, names) if found), None)
+        require_real(path is not None, f"{called} is not installed ({package})")
+        return path
+
+    return find
+
+
+@pytest.fixture
+def check_metrics(real_binary):
+    """`check_metrics(text)`: `promtool check metrics` finds nothing to complain about in the exposition `text`
+    (it exits 0 and prints nothing); returns promtool's run. Needs promtool (see `real_binary`)."""
+    promtool = real_binary("promtool")
+
+    def check(text: str) -> subprocess.CompletedProcess:
+        checked = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        assert checked.stdout.strip() == "" and checked.stderr.strip() == ""
+        return checked
 
     return check
 

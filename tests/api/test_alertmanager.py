@@ -2,91 +2,33 @@
 
 from __future__ import annotations
 
-import json
-import shutil
-import socket
-import subprocess
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
+from support.realservers import Webhook, free_port, start_alertmanager, wait_for
 
 from kvscope.api.alertmanager import AlertmanagerForwarder
 from kvscope.api.alerts import COLLAPSE, AlertBook
 
-BINARY = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class Webhook:
-    """A receiver Alertmanager posts notifications to."""
-
-    def __init__(self) -> None:
-        self.notifications: list[dict] = []
-        hook = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                hook.notifications.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
-
-
-def wait_for(check, what: str, seconds: float = 20.0):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
 
 @pytest.fixture
-def alertmanager(tmp_path, require_real):
-    require_real(BINARY is not None, "Alertmanager is not installed (Debian package prometheus-alertmanager)")
+def alertmanager(tmp_path, real_binary):
+    binary = real_binary("alertmanager")
     hook = Webhook()
     config = tmp_path / "alertmanager.yml"
     config.write_text(
         "route:\n  receiver: hook\n  group_by: [alertname, arm]\n  group_wait: 0s\n  group_interval: 1s\n"
         "  repeat_interval: 1h\n"
-        f"receivers:\n  - name: hook\n    webhook_configs:\n      - url: {hook.url}\n        send_resolved: true\n"
+        f"receivers:\n  - name: hook\n    webhook_configs:\n      - url: {hook.url}/hook\n        send_resolved: true\n"
     )
-    port = free_port()
-    process = subprocess.Popen(
-        [BINARY, f"--config.file={config}", f"--storage.path={tmp_path / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-
-    def ready() -> bool:
-        try:
-            return httpx.get(f"{url}/-/ready", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
+    process = start_alertmanager(binary, config, tmp_path / "data", tmp_path / "alertmanager.log")
     try:
-        wait_for(ready, "Alertmanager to start")
-        yield url, hook
+        process.wait_ready("Alertmanager", 20)
+        yield process.url, hook
     finally:
-        process.terminate()
-        process.wait(10)
-        hook.server.shutdown()
+        process.stop()
+        hook.stop()
 
 
 def test_a_firing_then_resolved_collapse_alert_reaches_alertmanager_and_its_receiver(alertmanager):

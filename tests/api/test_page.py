@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import re
 import shutil
-import socket
 import struct
 import subprocess
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
@@ -20,9 +17,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 import yaml
 from pydantic import SecretStr
+from support.realservers import Uvicorn, free_port, wait_for
 
 from kvscope.api.app import create_app
 from kvscope.api.routers import page
@@ -41,19 +38,9 @@ def server(tmp_path) -> Iterator[str]:
     )
     if not any(getattr(route, "path", None) == "/" for route in app.routes):
         app.include_router(page.router)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    uvi = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=uvi.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not uvi.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the service did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    uvi.should_exit = True
-    thread.join(30)
-    sock.close()
+    running = Uvicorn(app, free_port())
+    yield running.url
+    running.stop()
 
 
 def test_page_is_served_without_network(server):
@@ -77,8 +64,8 @@ def test_page_shows_the_ab_chart_and_the_firing_alert(server, tmp_path, require_
         started = client.post("/api/v1/ab", json={"scenario": yaml.safe_load(SCENARIO.read_text())}, headers=AUTH)
         assert started.status_code == 201, started.text
         ab = started.json()["id"]
-        firing = wait_for(lambda: collapse_alert(client, ab), "the dram_only arm's collapse alert to fire")
-        finished = wait_for(lambda: finished_ab(client, ab), f"{ab} to finish")
+        firing = wait_for(lambda: collapse_alert(client, ab), "the dram_only arm's collapse alert to fire", 30)
+        finished = wait_for(lambda: finished_ab(client, ab), f"{ab} to finish", 30)
     assert firing["summary"]
 
     screenshot = tmp_path / "page.png"
@@ -127,14 +114,6 @@ def collapse_alert(client: httpx.Client, ab: str) -> dict | None:
 def finished_ab(client: httpx.Client, ab: str) -> dict | None:
     test = client.get(f"/api/v1/ab/{ab}").json()
     return test if test["status"] == "finished" else None
-
-
-def wait_for(check, what: str, timeout_s: float = 30.0):
-    deadline = time.monotonic() + timeout_s
-    while not (result := check()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-    return result
 
 
 def chrome(binary: str, profile: Path, *args: str) -> str:

@@ -4,61 +4,26 @@ arm's collapse alert going pending then firing at the predicted round, the verdi
 from __future__ import annotations
 
 import io
-import socket
-import threading
 import time
 import zipfile
 from pathlib import Path
 
-import httpx
 import pytest
-import uvicorn
 import yaml
-from pydantic import SecretStr
+from support.realservers import TOKEN, Service
 
-from kvscope.api.app import create_app
-from kvscope.api.settings import Settings
 from kvscope.verifier.db import Database, run_sql
 from kvscope.verifier.evidence import check_bundle
 
 ROOT = Path(__file__).resolve().parents[2]
 LONG_OUTPUT = yaml.safe_load((ROOT / "examples" / "long_output.yaml").read_text())
-TOKEN = "test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-
-
-class Service:
-    """The real server in a thread; `stop()` is a clean shutdown (the lifespan's teardown runs)."""
-
-    def __init__(self, tmp_path: Path) -> None:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        self.db = tmp_path / "service.duckdb"
-        settings = Settings(
-            host="127.0.0.1", port=port, db=self.db, token=SecretStr(TOKEN), workdir=tmp_path / "ab",
-            criteria=[ROOT / "criteria" / "media.yaml"], scrape_interval_s=0.5,
-        )  # fmt: skip
-        self.server = uvicorn.Server(
-            uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
-        )
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        self.client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            assert time.monotonic() < deadline, "the service did not start"
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(60)
-        self.client.close()
 
 
 @pytest.fixture
 def service(tmp_path):
-    running = Service(tmp_path)
+    """The real server in a thread; `stop()` is a clean shutdown (the lifespan's teardown runs)."""
+    running = Service(tmp_path, criteria=[ROOT / "criteria" / "media.yaml"], scrape_interval_s=0.5)
     yield running
     if running.thread.is_alive():
         running.stop()

@@ -8,16 +8,14 @@ Everything else is answered or read exactly as in the fixtures.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import re
 import shutil
-import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.spdkpeer import Answer, SpdkPeer, capture
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -28,64 +26,31 @@ _IOSTAT_COUNTER = re.compile(r"^(bytes_\w+|num_\w+_ops|(read|write|unmap|copy)_l
 _REACTOR_COUNTER = re.compile(r"^(busy|idle)$")
 
 
-class SpdkTarget:
-    """A JSON-RPC 2.0 peer on a Unix socket that answers like the captured nvmf_tgt: each method with its capture
-    under fixtures/spdk/live/ (the envelope id set to the request's), bdev_get_iostat with its counters times the
-    number of iostat calls so far, framework_get_reactors with its reactors' busy and idle ticks times the number of
-    reactor calls so far, an unknown method with the captured "method not found" error."""
+class SpdkTarget(SpdkPeer):
+    """An SPDK peer on the Unix socket `path` that answers like the captured nvmf_tgt: each method with its capture
+    under fixtures/spdk/live/, bdev_get_iostat with its counters times the number of iostat calls so far,
+    framework_get_reactors with its reactors' busy and idle ticks times the number of reactor calls so far, an
+    unknown method with the captured "method not found" error."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.iostat_calls = 0
         self.reactor_calls = 0
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(str(path))
-        self._listener.listen(8)
-        self._listener.settimeout(0.1)
-        self._closed = threading.Event()
-        self._thread = threading.Thread(target=self._accept, daemon=True)
-        self._thread.start()
+        super().__init__(self.live, path)
 
-    def close(self) -> None:
-        self._closed.set()
-        self._thread.join(5)
-        self._listener.close()
-
-    def answer(self, method: str) -> dict:
-        capture = FIXTURES / "spdk" / "live" / f"{method}.json"
-        if not capture.exists():
-            return json.loads((FIXTURES / "spdk" / "live" / "error.method_not_found.json").read_text())
-        answer = json.loads(capture.read_text())
+    def live(self, method: str, params: object) -> Answer:
         if method == "bdev_get_iostat":
             self.iostat_calls += 1
-            _scale(answer["result"], self.iostat_calls, _IOSTAT_COUNTER)
-        elif method == "framework_get_reactors":
+            result = capture("live/bdev_get_iostat.json")["result"]
+            _scale(result, self.iostat_calls, _IOSTAT_COUNTER)
+            return {"result": result}
+        if method == "framework_get_reactors":
             self.reactor_calls += 1
-            _scale(answer["result"]["reactors"], self.reactor_calls, _REACTOR_COUNTER)
-        return answer
-
-    def _accept(self) -> None:
-        while not self._closed.is_set():
-            try:
-                conn, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        decoder, buffer = json.JSONDecoder(), ""
-        with conn, contextlib.suppress(OSError):
-            while data := conn.recv(65536):
-                buffer += data.decode()
-                while buffer.strip():
-                    try:
-                        request, end = decoder.raw_decode(buffer.lstrip())
-                    except ValueError:
-                        break  # the rest of this request is still on its way
-                    buffer = buffer.lstrip()[end:]
-                    conn.sendall(json.dumps({**self.answer(request["method"]), "id": request["id"]}).encode())
+            result = capture("live/framework_get_reactors.json")["result"]
+            _scale(result["reactors"], self.reactor_calls, _REACTOR_COUNTER)
+            return {"result": result}
+        path = f"live/{method}.json"
+        return path if (FIXTURES / "spdk" / path).exists() else "live/error.method_not_found.json"
 
 
 def _scale(value: object, factor: int, counters: re.Pattern) -> None:

@@ -13,11 +13,8 @@ from __future__ import annotations
 import json
 import math
 import re
-import shutil
-import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -25,12 +22,9 @@ from pathlib import Path
 import httpx
 import jsonschema
 import pytest
-import uvicorn
 import yaml
-from pydantic import SecretStr
+from support.realservers import TOKEN, Service, free_port, start_prometheus
 
-from kvscope.api.app import create_app
-from kvscope.api.settings import Settings
 from kvscope.dashboards import media
 from kvscope.dashboards.build import BUILDERS, FOLDER, render, stale, write_all
 from kvscope.model import INSTRUMENTS, prometheus_name
@@ -288,10 +282,9 @@ def test_every_series_read_exists_in_the_model_or_the_recording_rules(uid):
     assert {where: names - known for where, names in read.items() if names - known} == {}
 
 
-def test_every_expression_parses_with_promtool(tmp_path, require_real):
+def test_every_expression_parses_with_promtool(tmp_path, real_binary):
     """Each panel, annotation and variable expression as a recording rule: `promtool check rules` parses them all."""
-    promtool = shutil.which("promtool")
-    require_real(promtool is not None, "promtool is not installed (Debian package prometheus)")
+    promtool = real_binary("promtool")
     rules = []
     for uid, dashboard in DASHBOARDS.items():
         values = placeholders(dashboard)
@@ -325,45 +318,10 @@ RATE_INTERVAL = "10s"  # what Grafana's $__rate_interval is at a 1 s scrape inte
 NEEDS_FIRING_RULES = 'ALERTS{alertname=~"KVCache.*", alertstate="firing"}'
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class Service:
-    """The kvscope service under uvicorn in a thread (as tests/api/test_service_end_to_end.py runs it)."""
-
-    def __init__(self, tmp_path: Path) -> None:
-        self.port = _free_port()
-        settings = Settings(
-            host="127.0.0.1", port=self.port, db=tmp_path / "service.duckdb", token=SecretStr("test-token"),
-            workdir=tmp_path / "ab", criteria=[ROOT / "criteria" / "media.yaml"], scrape_interval_s=0.5,
-            dashboards_dir=FOLDER,
-        )  # fmt: skip
-        self.server = uvicorn.Server(
-            uvicorn.Config(create_app(settings), host="127.0.0.1", port=self.port, log_level="warning")
-        )
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.client = httpx.Client(base_url=self.url, timeout=10)
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            assert time.monotonic() < deadline, "the service did not start"
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(60)
-        self.client.close()
-
-
 class Prometheus:
     """A real Prometheus on 127.0.0.1 scraping `targets` every second and evaluating the rules of `RULES`."""
 
     def __init__(self, binary: str, tmp_path: Path, targets: dict[str, str]) -> None:
-        self.port = _free_port()
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": [str(RULES / "*.yml")],
@@ -372,18 +330,10 @@ class Prometheus:
             ],
         }
         (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-        self.log = (tmp_path / "prometheus.log").open("w")
-        self.process = subprocess.Popen(
-            [
-                binary,
-                f"--config.file={tmp_path / 'prometheus.yml'}",
-                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{self.port}",
-            ],
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
+        self.process = start_prometheus(
+            binary, tmp_path / "prometheus.yml", tmp_path / "tsdb", tmp_path / "prometheus.log"
         )
-        self.client = httpx.Client(base_url=f"http://127.0.0.1:{self.port}/api/v1", timeout=10)
+        self.client = httpx.Client(base_url=f"{self.process.url}/api/v1", timeout=10)
 
     def get(self, path: str, **params) -> object:
         answer = self.client.get(path, params=params)
@@ -393,7 +343,7 @@ class Prometheus:
     def wait_ready(self, jobs: set[str]) -> None:
         deadline = time.monotonic() + 30
         while True:
-            assert self.process.poll() is None, f"Prometheus exited: {Path(self.log.name).read_text()}"
+            assert self.process.popen.poll() is None, f"Prometheus exited: {self.process.tail()}"
             try:
                 answer = self.client.get("/targets")  # 503 while it starts
                 targets = answer.json()["data"]["activeTargets"] if answer.status_code == 200 else []
@@ -406,15 +356,13 @@ class Prometheus:
             time.sleep(0.25)
 
     def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(10)
+        self.process.stop()
         self.client.close()
-        self.log.close()
 
 
 def _start_exporter(tmp_path: Path, spdk_socket: Path, sysfs: Path) -> tuple[subprocess.Popen, int]:
     """`kvscope scrape` over the SPDK target and the RDMA tree, its Prometheus endpoint on a free port."""
-    port = _free_port()
+    port = free_port()
     config = {
         "exporter": {"listen_host": "127.0.0.1", "listen_port": port},
         "targets": [
@@ -540,12 +488,13 @@ def _rest_tables_without_data(service_url: str) -> tuple[int, list[str]]:
     return ran, missing
 
 
-def test_every_dashboard_query_returns_data_from_a_real_prometheus(tmp_path, require_real, spdk_target, rdma_tree):
-    binary = shutil.which("prometheus")
-    require_real(binary is not None, "prometheus is not installed (Debian package prometheus)")
+def test_every_dashboard_query_returns_data_from_a_real_prometheus(tmp_path, real_binary, spdk_target, rdma_tree):
+    binary = real_binary("prometheus")
     for name in ENGINES.snapshot():  # published by earlier tests in this process, frozen: not this test's A/B
         ENGINES.withdraw(name)
-    service = Service(tmp_path)
+    service = Service(
+        tmp_path, criteria=[ROOT / "criteria" / "media.yaml"], scrape_interval_s=0.5, dashboards_dir=FOLDER
+    )
     exporter, exporter_port = _start_exporter(tmp_path, spdk_target.path, rdma_tree.root)
     prometheus = Prometheus(
         binary,
@@ -559,7 +508,7 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(tmp_path, req
         answer = service.client.post(
             "/api/v1/ab",
             json={"scenario": LONG_OUTPUT, "rounds_per_minute": 60},
-            headers={"Authorization": "Bearer test-token"},
+            headers={"Authorization": f"Bearer {TOKEN}"},
         )
         assert answer.status_code == 201, answer.text
         ab = answer.json()["id"]

@@ -13,33 +13,20 @@ Prometheus.
 
 from __future__ import annotations
 
-import json
 import re
-import shutil
-import socket
 import subprocess
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 import yaml
-from pydantic import SecretStr
-
-from kvscope.api.app import create_app
-from kvscope.api.settings import Settings
+from support.realservers import TOKEN, Service, Webhook, free_port, start_alertmanager, start_prometheus, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 RULE_FILES = sorted((DEPLOY / "prometheus" / "rules").glob("*.yml"))
-PROMETHEUS = shutil.which("prometheus")
-PROMTOOL = shutil.which("promtool")
-ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 LONG_OUTPUT = yaml.safe_load((ROOT / "examples" / "long_output.yaml").read_text())
-TOKEN = "test-token"
 
 TIME_SCALE = 60
 # Paced so that Prometheus has a baseline: the DRAM-only arm's hit ratio climbs for 7 rounds (its 1-minute peak,
@@ -74,104 +61,6 @@ def scaled_rules(text: str) -> str:
     return yaml.safe_dump(rules, sort_keys=False)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_for(check, what: str, seconds: float):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {seconds:.0f} s waiting for {what}")
-
-
-def ready(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-class Webhook:
-    """The receiver Alertmanager posts to: every notification, with the path it was posted on."""
-
-    def __init__(self) -> None:
-        self.notifications: list[dict] = []
-        hook = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                hook.notifications.append({"path": self.path, **body})
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_port}"
-
-    def firing(self, alertname: str) -> list[tuple[dict, dict]]:
-        """(notification, alert) for every firing alert called `alertname` received so far."""
-        return [
-            (notification, alert)
-            for notification in list(self.notifications)
-            for alert in notification["alerts"]
-            if alert["status"] == "firing" and alert["labels"].get("alertname") == alertname
-        ]
-
-
-class Process:
-    """A real binary, stopped by its pid; its stderr is kept to explain a failure."""
-
-    def __init__(self, args: list[str], log: Path) -> None:
-        self.log = log
-        self._log_file = log.open("wb")
-        self.popen = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=self._log_file)
-
-    def stop(self) -> None:
-        self.popen.terminate()
-        try:
-            self.popen.wait(10)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait(10)
-        self._log_file.close()
-
-    def tail(self) -> str:
-        return self.log.read_text(errors="replace")[-3000:]
-
-
-class Service:
-    """kvscope's service in a thread (uvicorn), as tests/api/test_service_end_to_end.py starts it."""
-
-    def __init__(self, tmp_path: Path) -> None:
-        self.port = free_port()
-        settings = Settings(
-            host="127.0.0.1", port=self.port, db=tmp_path / "service.duckdb", token=SecretStr(TOKEN),
-            workdir=tmp_path / "ab", scrape_interval_s=0.25,
-        )  # fmt: skip
-        self.server = uvicorn.Server(
-            uvicorn.Config(create_app(settings), host="127.0.0.1", port=self.port, log_level="warning")
-        )
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        self.client = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=10)
-        wait_for(lambda: self.server.started, "the service to start", 20)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(60)
-        self.client.close()
-
-
 def alertmanager_config(hook: Webhook) -> dict:
     """deploy/alertmanager/alertmanager.yml with its receivers posting to `hook` (one path per receiver) and its
     waits cut to a second; routes, matchers and inhibitions stay as shipped."""
@@ -201,26 +90,18 @@ def prometheus_config(rule_files: list[Path], service_port: int, alertmanager_po
 
 
 @pytest.fixture
-def stack(tmp_path, require_real):
-    require_real(
-        None not in (PROMETHEUS, PROMTOOL, ALERTMANAGER),
-        "Prometheus, promtool and Alertmanager are needed (Debian packages prometheus, prometheus-alertmanager)",
-    )
+def stack(tmp_path, real_binary):
+    prometheus_bin, promtool, alertmanager_bin = map(real_binary, ("prometheus", "promtool", "alertmanager"))
     started: list = []
     try:
         hook = Webhook()
-        started.append(hook.server)
-        am_port = free_port()
+        started.append(hook)
         am_config = tmp_path / "alertmanager.yml"
         am_config.write_text(yaml.safe_dump(alertmanager_config(hook)))
-        alertmanager = Process(
-            [ALERTMANAGER, f"--config.file={am_config}", f"--storage.path={tmp_path / 'am'}",
-             f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address="],
-            tmp_path / "alertmanager.log",
-        )  # fmt: skip
+        alertmanager = start_alertmanager(alertmanager_bin, am_config, tmp_path / "am", tmp_path / "alertmanager.log")
         started.append(alertmanager)
 
-        service = Service(tmp_path)
+        service = Service(tmp_path, scrape_interval_s=0.25)
         started.append(service)
 
         rules = []
@@ -229,30 +110,27 @@ def stack(tmp_path, require_real):
             rules[-1].write_text(scaled_rules(path.read_text()))
         prom_port = free_port()
         prom_config = tmp_path / "prometheus.yml"
-        prom_config.write_text(yaml.safe_dump(prometheus_config(rules, service.port, am_port)))
-        checked = subprocess.run([PROMTOOL, "check", "config", str(prom_config)], capture_output=True, text=True)
+        prom_config.write_text(yaml.safe_dump(prometheus_config(rules, service.port, alertmanager.port)))
+        checked = subprocess.run([promtool, "check", "config", str(prom_config)], capture_output=True, text=True)
         assert checked.returncode == 0, checked.stdout + checked.stderr  # the scaled rules are valid too
-        prometheus = Process(
-            [PROMETHEUS, f"--config.file={prom_config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{prom_port}", f"--web.external-url=http://127.0.0.1:{prom_port}/",
-             "--log.level=warn"],
-            tmp_path / "prometheus.log",
+        prometheus = start_prometheus(
+            prometheus_bin, prom_config, tmp_path / "tsdb", tmp_path / "prometheus.log",
+            f"--web.external-url=http://127.0.0.1:{prom_port}/", "--log.level=warn", port=prom_port,
         )  # fmt: skip
         started.append(prometheus)
 
-        am_url, prom_url = f"http://127.0.0.1:{am_port}", f"http://127.0.0.1:{prom_port}"
-        try:
-            wait_for(lambda: ready(f"{am_url}/-/ready"), "Alertmanager to start", 20)
-            wait_for(lambda: ready(f"{prom_url}/-/ready"), "Prometheus to start", 20)
-        except AssertionError as error:
-            raise AssertionError(f"{error}\n{alertmanager.tail()}\n{prometheus.tail()}") from None
-        yield {"service": service, "prometheus": prom_url, "alertmanager": am_url, "hook": hook, "procs": started}
+        alertmanager.wait_ready("Alertmanager", 20)
+        prometheus.wait_ready("Prometheus", 20)
+        yield {
+            "service": service,
+            "prometheus": prometheus.url,
+            "alertmanager": alertmanager.url,
+            "hook": hook,
+            "procs": started,
+        }
     finally:
         for thing in reversed(started):
-            if isinstance(thing, ThreadingHTTPServer):
-                thing.shutdown()
-            else:
-                thing.stop()
+            thing.stop()
 
 
 def query(prometheus: str, promql: str) -> list[dict]:

@@ -3,19 +3,13 @@ Prometheus) and an OTLP/HTTP receiver inside the test, all on 127.0.0.1."""
 
 from __future__ import annotations
 
-import asyncio
-import shutil
-import socket
-import subprocess
-import threading
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
 import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from prometheus_client.parser import text_string_to_metric_families
+from support.realservers import PostReceiver, scrape_once, start_prometheus, wait_for
 
 from kvscope.exporters.config import parse_config
 from kvscope.exporters.otel import TelemetryBridge
@@ -42,12 +36,7 @@ def bridge_factory(metrics_server):
             }
         )
         scraper = Scraper(config.targets)
-
-        async def once():
-            await scraper.scrape_all()
-            await scraper.close()
-
-        asyncio.run(once())
+        scrape_once(scraper)
         bridge = TelemetryBridge(scraper, config.exporter)
         bridges.append(bridge)
         return bridge
@@ -84,39 +73,25 @@ def test_prometheus_endpoint_serves_the_model_with_targets_and_health(bridge_fac
     assert not any(dict(labels).get("target") == "dead" for name, labels in found if name.startswith("kv_"))
 
 
-def test_promtool_finds_nothing_to_complain_about(bridge_factory, require_real):
-    promtool = shutil.which("promtool")
-    require_real(promtool is not None, "promtool is not installed (Debian package prometheus)")
+def test_promtool_finds_nothing_to_complain_about(bridge_factory, check_metrics):
     port = bridge_factory().serve()
-    checked = subprocess.run([promtool, "check", "metrics"], input=exposition(port), capture_output=True, text=True)
-    assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert checked.stdout.strip() == "" and checked.stderr.strip() == ""
+    check_metrics(exposition(port))
 
 
-class _OtlpReceiver:
+class _OtlpReceiver(PostReceiver):
     """An OTLP/HTTP metrics endpoint: decodes each ExportMetricsServiceRequest it is sent."""
 
     def __init__(self) -> None:
-        self.requests: list[ExportMetricsServiceRequest] = []
-        receiver = self
+        super().__init__("application/x-protobuf")
+        self.endpoint = f"{self.url}/v1/metrics"
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                request = ExportMetricsServiceRequest()
-                request.ParseFromString(body)
-                receiver.requests.append(request)
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-        self.endpoint = f"http://127.0.0.1:{self.httpd.server_port}/v1/metrics"
+    @property
+    def requests(self) -> list[ExportMetricsServiceRequest]:
+        decoded = []
+        for _, body in list(self.posts):
+            decoded.append(ExportMetricsServiceRequest())
+            decoded[-1].ParseFromString(body)
+        return decoded
 
     def points(self) -> dict[tuple[str, frozenset], float]:
         found = {}
@@ -167,48 +142,26 @@ def test_otlp_receiver_gets_the_same_metrics():
         )
         assert points[("kvscope.target.up", frozenset({("target", "vllm-a"), ("source", "vllm")}))] == 1
     finally:
-        receiver.httpd.shutdown()
-        receiver.httpd.server_close()
+        receiver.stop()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def test_a_real_prometheus_scrapes_the_exporter(bridge_factory, require_real, tmp_path):
-    prometheus = shutil.which("prometheus")
-    require_real(prometheus is not None, "prometheus is not installed (Debian package prometheus)")
+def test_a_real_prometheus_scrapes_the_exporter(bridge_factory, real_binary, tmp_path):
+    binary = real_binary("prometheus")
     exporter_port = bridge_factory().serve()
-    prometheus_port = _free_port()
     (tmp_path / "prometheus.yml").write_text(
         "global: {scrape_interval: 1s}\n"
         f"scrape_configs: [{{job_name: kvscope, static_configs: [{{targets: ['127.0.0.1:{exporter_port}']}}]}}]\n"
     )
-    process = subprocess.Popen(
-        [
-            prometheus,
-            f"--config.file={tmp_path / 'prometheus.yml'}",
-            f"--storage.tsdb.path={tmp_path / 'data'}",
-            f"--web.listen-address=127.0.0.1:{prometheus_port}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    prometheus = start_prometheus(binary, tmp_path / "prometheus.yml", tmp_path / "data", tmp_path / "prometheus.log")
     try:
+        prometheus.wait_ready("Prometheus")
         query = 'kv_prefix_query_tokens_total{layer="gpu",target="vllm-a"}'
-        deadline, result = time.monotonic() + 30, []
-        while time.monotonic() < deadline and not result:
-            time.sleep(0.5)
-            try:
-                answer = httpx.get(f"http://127.0.0.1:{prometheus_port}/api/v1/query", params={"query": query})
-                result = answer.json()["data"]["result"]
-            except httpx.TransportError:
-                continue
-        assert result, f"Prometheus never returned {query}"
+
+        def answered() -> list[dict]:
+            return httpx.get(f"{prometheus.url}/api/v1/query", params={"query": query}).json()["data"]["result"]
+
+        result = wait_for(answered, f"Prometheus to return {query}", 30, 0.5)
         assert float(result[0]["value"][1]) == 18432
         assert result[0]["metric"]["job"] == "kvscope"
     finally:
-        process.terminate()
-        process.wait(10)
+        prometheus.stop()

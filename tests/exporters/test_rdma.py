@@ -17,19 +17,17 @@ import gc
 import os
 import shutil
 import socket
-import subprocess
 import sys
 import time
 import types
 from pathlib import Path
 
-import httpx
 import pytest
+from support.realservers import served_exposition
 
 from kvscope.exporters.base import CollectError, collectors
 from kvscope.exporters.config import parse_config
 from kvscope.exporters.normalizer import mapping_for
-from kvscope.exporters.otel import TelemetryBridge
 from kvscope.exporters.rdma import RdmaCollector, parse_statistic_json
 from kvscope.exporters.scrape import Scraper
 
@@ -314,27 +312,11 @@ def test_each_error_counter_maps_to_its_own_error(tmp_path):
     assert {s.label_map["role"] for s in normalized} == {"dram"}
 
 
-def test_promtool_accepts_the_exported_congestion_and_errors(require_real):
-    promtool = shutil.which("promtool")
-    require_real(promtool is not None, "promtool is not installed (Debian package prometheus)")
+def test_promtool_accepts_the_exported_congestion_and_errors(check_metrics):
     target = {"name": "nics", "source": "rdma", "sysfs": str(SYNTHETIC), "host": "node-a", "roles": {"mlx5_1": "nof"}}
-    config = parse_config({"exporter": {"listen_port": 0}, "targets": [target]})
-    scraper = Scraper(config.targets)
-
-    async def once():
-        await scraper.scrape_all()
-        await scraper.close()
-
-    asyncio.run(once())
-    bridge = TelemetryBridge(scraper, config.exporter)
-    try:
-        text = httpx.get(f"http://127.0.0.1:{bridge.serve()}/metrics").text
-    finally:
-        bridge.shutdown()
+    text = served_exposition(parse_config({"exporter": {"listen_port": 0}, "targets": [target]}))
     assert "\nrdma_port_congestion_total{" in text and "\nrdma_port_errors_total{" in text
-    checked = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
-    assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert checked.stdout.strip() == "" and checked.stderr.strip() == ""
+    check_metrics(text)
 
 
 def test_hw_counters_off_reads_only_the_port_counters_and_keeps_the_bytes():
@@ -674,12 +656,17 @@ def test_a_removed_device_is_dropped_and_its_files_closed(tmp_path):
     asyncio.run(collector.close())
 
 
-def test_a_device_registered_again_under_its_name_is_listed_again(tmp_path):
-    device = rdma_device(tmp_path, "mlx4_0")
+def two_port_device(sysfs: Path) -> tuple[Path, RdmaCollector, list]:
+    """An InfiniBand mlx4_0 with ports 1 and 2 under `sysfs`, a collector of it and that collector's first scrape."""
+    device = rdma_device(sysfs, "mlx4_0")
     for port in ("1", "2"):
         rdma_port(device, port, link_layer="InfiniBand", counters={"port_xmit_data": 1, "port_rcv_data": 2})
-    collector = RdmaCollector(config_of(tmp_path))
-    first = asyncio.run(collector.collect())
+    collector = RdmaCollector(config_of(sysfs))
+    return device, collector, asyncio.run(collector.collect())
+
+
+def test_a_device_registered_again_under_its_name_is_listed_again(tmp_path):
+    device, collector, first = two_port_device(tmp_path)
     assert {s.label_map["port"] for s in find(first, "rdma_port_info")} == {"1", "2"}
     # The driver unregisters mlx4_0 and registers it again with one port: a new class/infiniband entry, same name.
     again = rdma_device(tmp_path / "again", "mlx4_0", pci="0000:3b:00.0")
@@ -696,11 +683,7 @@ def test_a_device_registered_again_under_its_name_is_listed_again(tmp_path):
 
 
 def test_a_removed_port_whose_files_answer_enodev_is_dropped(tmp_path, monkeypatch):
-    device = rdma_device(tmp_path, "mlx4_0")
-    for port in ("1", "2"):
-        rdma_port(device, port, link_layer="InfiniBand", counters={"port_xmit_data": 1, "port_rcv_data": 2})
-    collector = RdmaCollector(config_of(tmp_path))
-    first = asyncio.run(collector.collect())
+    device, collector, first = two_port_device(tmp_path)
     assert {s.label_map["port"] for s in find(first, "rdma_port_info")} == {"1", "2"}
     sysfs_pread(monkeypatch)
     shutil.rmtree(device / "ports" / "2")  # the same class/infiniband entry: only the descriptors can tell

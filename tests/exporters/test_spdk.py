@@ -1,41 +1,33 @@
 """SPDK's JSON-RPC through the collector and its mapping, against a real JSON-RPC 2.0 server on a Unix socket.
 
-The peer below is a protocol peer, not a patched client: it listens on a Unix socket (or TCP) under tmp_path,
-reads the spdk package's JSONRPCClient requests off the stream and answers each method with the captured bytes in
-tests/fixtures/spdk/ (live/: a real nvmf_tgt v26.09-pre; top level: SPDK's doc examples), only the envelope `id`
-changed to the request's. Answers that are not captures are built in the test and say so (DERIVED).
+The peer (tests/support/spdkpeer.py) is a protocol peer, not a patched client: it listens on a Unix socket (or TCP)
+under tmp_path, reads the spdk package's JSONRPCClient requests off the stream and answers each method with the
+captured bytes in tests/fixtures/spdk/ (live/: a real nvmf_tgt v26.09-pre; top level: SPDK's doc examples), only the
+envelope `id` changed to the request's. Answers that are not captures are built in the test and say so (DERIVED).
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import itertools
-import json
 import re
-import shutil
-import socket
 import struct
-import subprocess
-import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
+from support.realservers import served_exposition
+from support.spdkpeer import Answer, SpdkPeer, capture
 
 from kvscope.exporters.base import CollectError, collectors
 from kvscope.exporters.config import ConfigError, parse_config
 from kvscope.exporters.normalizer import mapping_for
-from kvscope.exporters.otel import TelemetryBridge
 from kvscope.exporters.scrape import Scraper
 from kvscope.exporters.spdk import SpdkCollector
 from kvscope.samples import Sample
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "spdk"
 NQN = "nqn.2016-06.io.spdk:kvcache1"
 LVOL = "6d2078a0-f0f4-4867-b6f3-e06beb3c2cc0"  # lvs0/lvol0: its bdev name is its UUID
 TICK_RATE = 2_450_000_000  # every live answer's tick_rate
@@ -49,148 +41,6 @@ LIVE_METHODS = (
     "thread_get_stats",
 )
 DOC_METHODS = (*LIVE_METHODS, "bdev_get_iostat")
-
-Answer = str | dict  # a capture's path under FIXTURES, or a DERIVED {"result": ...} / {"error": ...}
-
-
-def capture(path: str) -> dict:
-    return json.loads((FIXTURES / path).read_bytes())
-
-
-# -- the peer ------------------------------------------------------------------------------------------------------
-
-
-class SpdkPeer:
-    """A JSON-RPC 2.0 server: requests may come several per read or split across reads; one answer each, in order.
-
-    `mode` changes what it sends: "answer", "slow" (after `delay_s`), "garbage" (not JSON, connection kept),
-    "garbage_close", "not_jsonrpc" (JSON that is no response), "wrong_id", "trickle" (one space every 50 ms, never
-    an answer)."""
-
-    def __init__(self, answer: Callable[[str, Any], Answer], path: Path | None = None) -> None:
-        self.answer = answer
-        self.mode = "answer"
-        self.delay_s = 0.0
-        self.connections = 0
-        self.requests: list[tuple[str, Any]] = []
-        self._open: list[socket.socket] = []
-        self._closed = threading.Event()
-        if path is not None:
-            self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            self.listener.bind(str(path))
-        else:
-            self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            self.listener.bind(("127.0.0.1", 0))
-        self.listener.listen(16)
-        self.listener.settimeout(0.05)
-        self._acceptor = threading.Thread(target=self._accept, daemon=True)
-        self._acceptor.start()
-
-    @property
-    def port(self) -> int:
-        return self.listener.getsockname()[1]
-
-    def methods(self) -> list[str]:
-        return [method for method, _ in self.requests]
-
-    def hang_up_all(self) -> None:
-        """What a restarted target does to its clients' connections."""
-        for conn in list(self._open):
-            with contextlib.suppress(OSError):
-                conn.shutdown(socket.SHUT_RDWR)
-
-    def close(self) -> None:
-        """Stop listening for real (the accept thread is gone before the socket closes): connect is refused."""
-        self._closed.set()
-        self._acceptor.join()
-        self.listener.close()
-        self.hang_up_all()
-
-    def _accept(self) -> None:
-        while not self._closed.is_set():
-            try:
-                conn, _ = self.listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            conn.settimeout(None)
-            self.connections += 1
-            self._open.append(conn)
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        decoder, buffer = json.JSONDecoder(), ""
-        with conn:
-            while True:
-                try:
-                    data = conn.recv(65536)
-                except OSError:
-                    return
-                if not data:
-                    return
-                buffer += data.decode()
-                while (text := buffer.lstrip()) != "":
-                    try:
-                        request, end = decoder.raw_decode(text)
-                    except ValueError:
-                        break  # a request split across reads: wait for the rest
-                    buffer = text[end:]
-                    if not self._respond(conn, request):
-                        return
-                else:
-                    buffer = ""
-
-    def _respond(self, conn: socket.socket, request: Any) -> bool:
-        valid = (
-            isinstance(request, dict)
-            and request.get("jsonrpc") == "2.0"
-            and isinstance(request.get("method"), str)
-            and "id" in request
-        )
-        if not valid:
-            error = {"code": -32600, "message": "Invalid request"}
-            conn.sendall(json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode() + b"\n")
-            return True
-        self.requests.append((request["method"], request.get("params")))
-        mode = self.mode
-        if mode == "garbage":
-            conn.sendall(b"this is not json-rpc\n")
-            return True
-        if mode == "garbage_close":
-            conn.sendall(b"<html>502 Bad Gateway</html>\n")
-            return False
-        if mode == "not_jsonrpc":
-            conn.sendall(b"[1, 2, 3]\n")
-            return True
-        if mode == "trickle":
-            while not self._closed.is_set():
-                try:
-                    conn.sendall(b" ")
-                except OSError:
-                    return False
-                time.sleep(0.05)
-            return False
-        if mode == "slow":
-            time.sleep(self.delay_s)
-        request_id = request["id"] + (1000 if mode == "wrong_id" else 0)
-        answer = self.answer(request["method"], request.get("params"))
-        try:
-            conn.sendall(envelope(answer, request_id))
-        except OSError:
-            return False
-        return True
-
-
-def envelope(answer: Answer, request_id: int) -> bytes:
-    """A capture's bytes with only the envelope id set to the request's; or a DERIVED answer, compact like SPDK."""
-    if isinstance(answer, dict):
-        return json.dumps({"jsonrpc": "2.0", "id": request_id, **answer}, separators=(",", ":")).encode() + b"\n"
-    raw = (FIXTURES / answer).read_bytes()
-    out = re.sub(rb'"id":\s*\d+', b'"id":%d' % request_id, raw, count=1)
-    assert json.loads(out)["id"] == request_id
-    return out
-
 
 # -- the targets the peer plays ------------------------------------------------------------------------------------
 
@@ -478,27 +328,13 @@ def test_live_mapping_onto_the_kv_tier_model(peer_factory):
     assert by_subsystem == value(raw, "spdk_nvmf_subsystem_bytes_read", subsystem=NQN) == 3977871360
 
 
-def test_promtool_accepts_the_exported_reactors(peer_factory, require_real):
-    promtool = shutil.which("promtool")
-    require_real(promtool is not None, "promtool is not installed (Debian package prometheus)")
+def test_promtool_accepts_the_exported_reactors(peer_factory, check_metrics):
     target = {"name": "spdk-a", "source": "spdk", "socket": peer_factory().listener.getsockname()}
-    config = parse_config({"exporter": {"listen_port": 0}, "targets": [{**target, "labels": {"role": "nof"}}]})
-    scraper = Scraper(config.targets)
-
-    async def once():
-        await scraper.scrape_all()
-        await scraper.close()
-
-    asyncio.run(once())
-    bridge = TelemetryBridge(scraper, config.exporter)
-    try:
-        text = httpx.get(f"http://127.0.0.1:{bridge.serve()}/metrics").text
-    finally:
-        bridge.shutdown()
+    text = served_exposition(
+        parse_config({"exporter": {"listen_port": 0}, "targets": [{**target, "labels": {"role": "nof"}}]})
+    )
     assert "\nstorage_reactor_busy_seconds_total{" in text and "\nstorage_reactor_idle_seconds_total{" in text
-    checked = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
-    assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert checked.stdout.strip() == "" and checked.stderr.strip() == ""
+    check_metrics(text)
 
 
 def test_rates_are_windowed_on_the_answers_own_ticks(peer_factory):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import json
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -16,6 +15,7 @@ import httpx
 import pytest
 from opentelemetry.exporter.prometheus._mapping import map_unit, sanitize_full_name
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily
+from support.realservers import free_port, start_prometheus
 
 from kvscope.model import INSTRUMENTS, instrument_for_prometheus_name, prometheus_name
 from kvscope.verifier.db import Database, VerifierError, run_sql
@@ -58,12 +58,6 @@ def openmetrics(t0: int) -> str:
     return "\n".join([*lines, "# EOF", ""])
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @dataclass
 class Server:
     url: str
@@ -86,36 +80,12 @@ def prometheus_server(tmp_path_factory):
         capture_output=True,
     )
     (folder / "prometheus.yml").write_text("scrape_configs: []\n")
-    port = _free_port()
-    process = subprocess.Popen(
-        [
-            prometheus,
-            f"--config.file={folder / 'prometheus.yml'}",
-            f"--storage.tsdb.path={folder / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
+    process = start_prometheus(prometheus, folder / "prometheus.yml", folder / "data", folder / "prometheus.log")
     try:
-        _wait_ready(url)
-        yield Server(url, t0)
+        process.wait_ready("Prometheus")
+        yield Server(process.url, t0)
     finally:
-        process.terminate()
-        process.wait(10)
-
-
-def _wait_ready(url: str) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/-/ready").status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"Prometheus at {url} never became ready")
+        process.stop()
 
 
 @pytest.fixture
@@ -345,7 +315,7 @@ def test_every_selector_matching_nothing_is_an_error(prom, db):
 
 
 def test_unreachable_servers_are_named(db):
-    closed = f"http://127.0.0.1:{_free_port()}"
+    closed = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(PrometheusImportError, match=f"at {closed}: cannot reach the server"):
         import_prometheus(db, closed, [PUT], 0, 60, 15, run_name="closed", timeout_s=5)
     with pytest.raises(PrometheusImportError, match=r"kvscope-no-such-host\.invalid.*cannot reach the server"):
