@@ -18,6 +18,7 @@ from typing import Literal
 
 from kvscope.api.alerts import PREDICTED, AlertBook, ArmWatch, evaluate_round
 from kvscope.tierstore.ab import ArmRun
+from kvscope.tierstore.live import ENGINES
 from kvscope.tierstore.planner import Plan, plan
 from kvscope.tierstore.scenario import Scenario
 from kvscope.verifier.criteria import CriteriaError, CriteriaFile, evaluate, load_criteria
@@ -87,8 +88,11 @@ class ABManager:
         alerts: AlertBook,
         workdir: Path,
         criteria_files: list[Path] | None = None,
+        retain_s: float = 300.0,
     ) -> None:
         self.db, self.alerts, self.workdir = db, alerts, workdir
+        self.retain_s = retain_s  # a finished test's engines stay exported this long, then are withdrawn
+        self._withdrawals: list[threading.Timer] = []
         self.criteria = [load_criteria(path) for path in criteria_files or []]  # bad files fail at start-up
         self._tests: dict[str, ABTest] = {}
         self._lock = threading.Lock()
@@ -132,6 +136,17 @@ class ABManager:
     def shutdown(self) -> None:
         for test in self.list():
             self.stop(test.id)
+        for timer in self._withdrawals:
+            timer.cancel()
+
+    def _withdraw_later(self, test: ABTest) -> None:
+        """Keep the ended test's engines on /metrics for `retain_s` (Prometheus scrapes their final values), then
+        withdraw them so a long-running service does not hold every past store; the database keeps the record."""
+        names = [f"{test.id}/{arm}" for arm in test.arms]
+        timer = threading.Timer(self.retain_s, lambda: [ENGINES.withdraw(name) for name in names])
+        timer.daemon = True
+        self._withdrawals = [t for t in self._withdrawals if t.is_alive()] + [timer]
+        timer.start()
 
     # ------------------------------------------------------------------------------------------------ worker
 
@@ -157,6 +172,7 @@ class ABManager:
                 arm.close()
             self._predicted(test, the_plan, firing=False)
             test.ended_at = time.time()
+            self._withdraw_later(test)
         if test.status == "running" and not test.stop.is_set():
             test.verdicts = self._judge(db, test)  # before the status says finished: a poller sees both at once
         if test.status == "running":

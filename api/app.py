@@ -49,7 +49,9 @@ def create_app(settings: Settings | None = None, on_started: Callable[[Services]
         settings.db.parent.mkdir(parents=True, exist_ok=True)
         db = Database(settings.db)
         book = AlertBook()
-        services = Services(settings, db, book, ABManager(db, book, settings.workdir, settings.criteria))
+        services = Services(
+            settings, db, book, ABManager(db, book, settings.workdir, settings.criteria, settings.ab_retain_s)
+        )
         app.state.services = services
         collector = ServiceCollector(services)
         REGISTRY.register(collector)

@@ -26,6 +26,7 @@ class Settings(BaseSettings):
     )
     targets: Path | None = Field(None, description="exporter configuration of live clusters to scrape and watch")
     scrape_interval_s: float = Field(5.0, gt=0, description="how often the published A/B engines are scraped")
+    ab_retain_s: float = Field(300.0, ge=0, description="an ended A/B's engines stay on /metrics this long")
     alertmanager_url: str | None = Field(None, description="forward alerts to this Alertmanager (/api/v2/alerts)")
     alert_resend_s: float = Field(30.0, gt=0, description="re-send active alerts this often (Alertmanager expires)")
     dashboards_dir: Path = Field(

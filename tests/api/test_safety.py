@@ -81,3 +81,23 @@ def test_the_shipped_dashboards_are_served_by_default(tmp_path):
         one = client.get("/api/v1/dashboards/kvscope-kv-tiers").json()
         assert one["uid"] == "kvscope-kv-tiers" and one["panels"]
         assert client.get("/api/v1/dashboards/nope").status_code == 404
+
+
+def test_an_ended_ab_is_withdrawn_from_the_exporters_after_its_retention(app_factory, tmp_path):
+    """Its final values stay on /metrics for a while, then its stores are let go; the database keeps the runs."""
+    import time
+
+    from kvscope.tierstore.live import ENGINES
+
+    with TestClient(app_factory(tmp_path, ab_retain_s=0.3)) as client:
+        auth = {"Authorization": "Bearer test-token"}
+        ab_id = client.post("/api/v1/ab", json={"scenario": SMALL}, headers=auth).json()["id"]
+        deadline = time.monotonic() + 30
+        while client.get(f"/api/v1/ab/{ab_id}").json()["status"] == "running":
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert f"{ab_id}/a" in ENGINES.snapshot()
+        while f"{ab_id}/a" in ENGINES.snapshot():
+            assert time.monotonic() < deadline, "the ended A/B's engine was never withdrawn"
+            time.sleep(0.05)
+        assert [run["name"] for run in client.get("/api/v1/runs").json()] == [f"{ab_id}/a"]
