@@ -1,0 +1,194 @@
+"""The verifier's commands: record, verify, evidence export and check, import prometheus."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from kvscope.terminal import DbPath, JsonOut, console, errors, fail, write_json
+
+evidence_app = typer.Typer(help="Evidence bundles an auditor re-runs.", no_args_is_help=True)
+import_app = typer.Typer(help="Import recorded counters into the verifier database.", no_args_is_help=True)
+
+
+def register(app: typer.Typer) -> None:
+    for command in (record, verify):
+        app.command()(command)
+    app.add_typer(evidence_app, name="evidence")
+    app.add_typer(import_app, name="import")
+
+
+def record(
+    config: Annotated[Path, typer.Option("--config", help="exporter configuration (see examples/targets.yaml)")],
+    db: DbPath,
+    run: Annotated[str, typer.Option("--run", help="name of the new run")],
+    arm: Annotated[str | None, typer.Option("--arm", help="the A/B arm this run is")] = None,
+    cluster: Annotated[str | None, typer.Option("--cluster", help="the cluster or scenario recorded")] = None,
+    duration: Annotated[str | None, typer.Option("--for", help="stop after this long, e.g. 30m (else Ctrl-C)")] = None,
+) -> None:
+    """Scrape the configured targets into the verifier database, raw and normalized, as run RUN."""
+    import asyncio
+
+    from kvscope.exporters.config import ConfigError, load_config
+    from kvscope.units import parse_duration
+    from kvscope.verifier.db import Database, VerifierError
+    from kvscope.verifier.recorder import record as record_run
+
+    try:
+        settings = load_config(config)
+        seconds = parse_duration(duration) if duration else None
+        with Database(db) as database:
+            console.print(f"recording {len(settings.targets)} targets into {db} as run {run!r}; Ctrl-C stops")
+            recorded = asyncio.run(record_run(database, settings, run, arm, cluster, seconds))
+            count = database.con.execute(
+                "SELECT count(*) FROM samples JOIN series USING (series_id) WHERE run_id = ?", [recorded.run_id]
+            ).fetchone()[0]
+    except (ConfigError, VerifierError, ValueError) as error:
+        raise fail(error) from None
+    console.print(f"run {run!r}: {count:,} samples recorded")
+
+
+def verify(
+    db: DbPath,
+    criteria: Annotated[Path, typer.Option("--criteria", help="criteria YAML (see criteria/media.yaml)")],
+    run: Annotated[list[str], typer.Option("--run", help="a recorded run, once per role of the criteria, in order")],
+    json_out: JsonOut = None,
+) -> None:
+    """Judge recorded runs against machine criteria; store each verdict with its evidence.
+
+    Exit 0 when every criterion passed, 1 when one failed, 2 when one could not be judged (missing series...).
+    """
+    from rich.table import Table
+
+    from kvscope.verifier.criteria import CriteriaError, evaluate, load_criteria
+    from kvscope.verifier.db import Database, VerifierError
+    from kvscope.verifier.evidence import record_verdict
+
+    if not db.exists():
+        raise fail(f"{db}: no such verifier database")
+    try:
+        spec = load_criteria(criteria)
+        database = Database(db)
+        runs = spec.bind(database, run)
+    except VerifierError as error:
+        raise fail(error) from None
+    table = Table(title=f"{criteria} on {', '.join(f'{role}={r.name}' for role, r in runs.items())}")
+    for column in ("criterion", "verdict", "summary", "digest"):
+        table.add_column(column, overflow="fold")
+    verdicts, problems = [], []
+    with database:
+        for criterion in spec.criteria:
+            try:
+                verdict = record_verdict(database, evaluate(database, criterion, runs), runs)
+            except CriteriaError as error:
+                problems.append(str(error))
+                table.add_row(criterion.name, "[yellow]ERROR[/yellow]", str(error), "")
+                continue
+            verdicts.append(verdict)
+            mark = "[green]PASS[/green]" if verdict.passed else "[red]FAIL[/red]"
+            table.add_row(verdict.criterion, mark, verdict.summary, verdict.digest[:16])
+    console.print(table)
+    if json_out:
+        documents = [{"verdict_id": v.verdict_id, "digest": v.digest, "document": v.document} for v in verdicts]
+        write_json(json_out, {"passed": not problems and all(v.passed for v in verdicts), "verdicts": documents,
+                               "errors": problems})  # fmt: skip
+    if problems:
+        raise typer.Exit(2)
+    raise typer.Exit(0 if all(v.passed for v in verdicts) else 1)
+
+
+@evidence_app.command("export")
+def evidence_export(
+    db: DbPath,
+    out: Annotated[Path, typer.Option("--out", help="bundle directory to write")],
+    verdict: Annotated[
+        list[int] | None, typer.Option("--verdict", help="verdict id (repeat); all when omitted")
+    ] = None,
+) -> None:
+    """Write an evidence bundle: evidence.json (documents, digests), samples.parquet and chunks.parquet."""
+    from kvscope.verifier.db import Database, VerifierError
+    from kvscope.verifier.evidence import export_bundle
+
+    if not db.exists():
+        raise fail(f"{db}: no such verifier database")
+    try:
+        with Database(db) as database:
+            export_bundle(database, verdict or [], out)
+    except VerifierError as error:
+        raise fail(error) from None
+    console.print(f"wrote {out}/: evidence.json, samples.parquet, chunks.parquet")
+
+
+@evidence_app.command("check")
+def evidence_check(bundle: Annotated[Path, typer.Argument(help="a bundle directory from `evidence export`")]) -> None:
+    """Recompute every digest and verdict from the bundle alone; exit 1 on any mismatch."""
+    from kvscope.verifier.db import VerifierError
+    from kvscope.verifier.evidence import check_bundle
+
+    try:
+        report = check_bundle(bundle)
+    except VerifierError as error:
+        raise fail(error) from None
+    for problem in report.problems:
+        errors.print(f"[red]tampered:[/red] {problem}", highlight=False)
+    if report.ok:
+        console.print(f"{bundle}: {report.checked} verdict(s) recomputed; digests and verdicts match")
+    raise typer.Exit(0 if report.ok else 1)
+
+
+@import_app.command("prometheus")
+def import_prometheus_command(
+    url: Annotated[
+        str, typer.Option("--url", help="Prometheus, Mimir or Thanos base URL (user:password@ for basic auth)")
+    ],
+    selectors: Annotated[list[str], typer.Option("--selector", help="PromQL series selector; repeat for more")],
+    db: DbPath,
+    run: Annotated[str, typer.Option("--run", help="name of the new run")],
+    start: Annotated[
+        str | None, typer.Option("--start", help="unix seconds or RFC3339 (default: --end minus --last)")
+    ] = None,
+    end: Annotated[str | None, typer.Option("--end", help="unix seconds or RFC3339 (default: now)")] = None,
+    last: Annotated[str, typer.Option("--last", help="window length when --start is not given (30m, 1h, 2d)")] = "1h",
+    step: Annotated[str, typer.Option("--step", help="resolution: at or below the scrape interval (15s, 1m)")] = "15s",
+    arm: Annotated[str | None, typer.Option("--arm", help="the A/B arm this window is")] = None,
+    cluster: Annotated[str | None, typer.Option("--cluster", help="the cluster the data comes from")] = None,
+    bearer_token: Annotated[
+        str | None, typer.Option("--bearer-token", envvar="KVSCOPE_PROMETHEUS_TOKEN", help="Authorization: Bearer")
+    ] = None,
+) -> None:
+    """Import series from a Prometheus server's HTTP API (query_range) as a new run of the verifier database.
+
+    Exit 1 when the server or its data fail the import, 2 for bad options.
+    """
+    import time
+
+    from kvscope.units import parse_duration
+    from kvscope.verifier.db import Database
+    from kvscope.verifier.promimport import PrometheusImportError, import_prometheus, parse_time
+
+    try:
+        end_s = time.time() if end is None else parse_time(end)
+        start_s = end_s - parse_duration(last) if start is None else parse_time(start)
+        step_s = parse_duration(step)
+        with Database(db) as database:
+            summary = import_prometheus(
+                database, url, selectors, start_s, end_s, step_s, run, arm, cluster, bearer_token=bearer_token
+            )
+    except PrometheusImportError as error:
+        errors.print(f"[red]error:[/red] {escape(str(error))}", highlight=False)
+        raise typer.Exit(1) from None
+    except ValueError as error:  # bad options, an existing --run, an unusable --db (VerifierError is one)
+        raise fail(error) from None
+    for selector in summary.empty_selectors:
+        errors.print(f"[yellow]warning:[/yellow] {escape(repr(selector))} matched no series", highlight=False)
+    for warning in summary.warnings:
+        errors.print(f"[yellow]warning:[/yellow] Prometheus: {escape(warning)}", highlight=False)
+    console.print(
+        f"run {summary.run!r}: {summary.samples:,} samples of {summary.series} series in {summary.requests} requests "
+        f"({summary.skipped_nonfinite} NaN/Inf skipped, {summary.duplicate_series} series matched twice)",
+        highlight=False,
+        markup=False,
+    )
