@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 from kvscope.api.alerts import PREDICTED, AlertBook, ArmWatch, evaluate_round
-from kvscope.tierstore.ab import ArmRun
+from kvscope.tierstore.ab import ArmRun, observed_collapse_round
 from kvscope.tierstore.live import ENGINES
 from kvscope.tierstore.planner import Plan, plan
 from kvscope.tierstore.scenario import Scenario
@@ -42,6 +42,7 @@ class ABTest:
     id: str
     scenario: Scenario
     rounds_per_minute: float | None
+    rounds: int  # every arm's, from the plan
     status: Status = "running"
     started_at: float = field(default_factory=time.time)
     ended_at: float | None = None
@@ -52,7 +53,6 @@ class ABTest:
     thread: threading.Thread | None = None
 
     def as_json(self, rows: bool = True) -> dict:
-        total = self.scenario_rounds()
         return {
             "id": self.id,
             "scenario": self.scenario.name,
@@ -61,7 +61,7 @@ class ABTest:
             "started_at": self.started_at,
             "ended_at": self.ended_at,
             "error": self.error,
-            "rounds": total,
+            "rounds": self.rounds,
             "arms": {
                 name: {
                     "run": arm.run,
@@ -74,11 +74,6 @@ class ABTest:
             },
             "verdicts": self.verdicts,
         }
-
-    def scenario_rounds(self) -> int:
-        from kvscope.tierstore.workloads import make_workload
-
-        return make_workload(self.scenario).round_count
 
 
 class ABManager:
@@ -106,10 +101,10 @@ class ABManager:
 
     def start(self, scenario: Scenario, rounds_per_minute: float | None = None) -> ABTest:
         """Plan the test, record its arms' round 0, and run the rest in a background thread."""
-        with self._lock:
-            test = ABTest(f"ab-{next(self._ids)}", scenario, rounds_per_minute)
-            self._tests[test.id] = test
         the_plan = plan(scenario)
+        with self._lock:
+            test = ABTest(f"ab-{next(self._ids)}", scenario, rounds_per_minute, len(the_plan.rounds))
+            self._tests[test.id] = test
         for name in scenario.arms:
             test.arms[name] = ArmState(f"{test.id}/{name}", the_plan.arm_json(name))
         test.thread = threading.Thread(target=self._run, args=(test, the_plan), name=test.id, daemon=True)
@@ -193,7 +188,7 @@ class ABManager:
                 recorder.round_done(name, row)
                 state = test.arms[name]
                 state.rows.append(row)
-                state.observed_collapse_round = arm.result()["observed_collapse_round"]
+                state.observed_collapse_round = observed_collapse_round(state.rows, tolerance)
                 top = arm.store.tiers[0]
                 labels = {"ab": test.id, "arm": name, "scenario": test.scenario.name, "tier": top.name}
                 evaluate_round(self.alerts, labels, watches[name], row, top.name, top.capacity, 1 - tolerance)

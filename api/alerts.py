@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 State = Literal["pending", "firing", "resolved"]
@@ -43,17 +43,7 @@ class Alert:
         return (self.name, tuple(sorted(self.labels.items())))
 
     def as_json(self) -> dict:
-        return {
-            "name": self.name,
-            "labels": self.labels,
-            "state": self.state,
-            "summary": self.summary,
-            "description": self.description,
-            "value": self.value,
-            "active_at": self.active_at,
-            "fired_at": self.fired_at,
-            "resolved_at": self.resolved_at,
-        }
+        return asdict(self)
 
 
 class AlertBook:

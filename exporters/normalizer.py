@@ -55,7 +55,7 @@ class Mapping(BaseModel):
 
     def apply(self, samples: Iterable[Sample], target_labels: dict[str, str]) -> list[Sample]:
         """The normalized samples of one scrape."""
-        wanted = {name for rule in self.rules for name in rule.match}
+        wanted = self._wanted
         by_name: dict[str, list[Sample]] = {}
         for sample in samples:
             if sample.name in wanted:
@@ -80,6 +80,11 @@ class Mapping(BaseModel):
             Sample(self.source, name, labels, value, INSTRUMENTS[name].kind, normalized=True)
             for (name, labels), value in totals.items()
         ]
+
+    @cached_property
+    def _wanted(self) -> frozenset[str]:
+        """Every raw name some rule reads; the rest of a scrape is not looked at."""
+        return frozenset(name for rule in self.rules for name in rule.match)
 
     @cached_property
     def _series(self) -> dict[tuple, tuple[str, Labels] | None]:
