@@ -21,19 +21,27 @@ from kvscope.exporters.scrape import TargetState
 IMMINENT = "KVCacheCollapseImminent"
 
 
+def _append(points: deque[tuple[float, float]], ts: float, value: float, keep_s: float) -> None:
+    """Append a point and forget those older than `keep_s`, keeping one at or before the cut (the base an increase
+    over the last `keep_s` is measured from): the rules only look that far back, so each scrape's work is bounded."""
+    points.append((ts, value))
+    while len(points) > 1 and points[1][0] <= ts - keep_s:
+        points.popleft()
+
+
 @dataclass
 class _Counter:
     """A counter's reset-adjusted running total, sampled at scrape times."""
 
-    points: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=10_000))
+    points: deque[tuple[float, float]] = field(default_factory=deque)
     last_raw: float | None = None
     total: float = 0.0
 
-    def add(self, ts: float, value: float) -> None:
+    def add(self, ts: float, value: float, keep_s: float) -> None:
         if self.last_raw is not None:
             self.total += value if value < self.last_raw else value - self.last_raw
         self.last_raw = value
-        self.points.append((ts, self.total))
+        _append(self.points, ts, self.total, keep_s)
 
     def increase(self, since: float) -> float | None:
         """Increase from the last point at or before `since` to now; None without a point that old."""
@@ -49,10 +57,10 @@ class ClusterWatch:
     watermark: float = 0.95
     fraction: float = 0.9
     peak_s: float = 3600.0
-    _allocated: dict[tuple, deque] = field(default_factory=lambda: defaultdict(lambda: deque(maxlen=10_000)))
+    _allocated: dict[tuple, deque] = field(default_factory=lambda: defaultdict(deque))
     _capacity: dict[tuple, float] = field(default_factory=dict)
     _counters: dict[tuple, _Counter] = field(default_factory=lambda: defaultdict(_Counter))
-    _ratios: dict[str, deque] = field(default_factory=lambda: defaultdict(lambda: deque(maxlen=10_000)))
+    _ratios: dict[str, deque] = field(default_factory=lambda: defaultdict(deque))
 
     def __call__(self, state: TargetState) -> None:
         """The scrape loop's callback: fold in a successful scrape, then evaluate both rules."""
@@ -68,16 +76,16 @@ class ClusterWatch:
                 if sample.name == "kv.tier.capacity.bytes":
                     self._capacity[key] = sample.value
                 else:
-                    self._allocated[key].append((now, sample.value))
+                    _append(self._allocated[key], now, sample.value, self.window_s)
             elif sample.name in ("kv.prefix.hit.tokens", "kv.prefix.query.tokens"):
                 if sample.name == "kv.prefix.query.tokens" and labels.get("layer") != "gpu":
                     continue  # the external queries are the GPU misses: counting them too would double count
                 engine = labels.get("engine", state.config.name)
                 engines.add(engine)
-                self._counters[(sample.name, engine, labels.get("layer"))].add(now, sample.value)
+                self._counters[(sample.name, engine, labels.get("layer"))].add(now, sample.value, self.window_s)
             elif sample.name == "kv.tier.written.bytes":
                 self._counters[("written", state.config.name, labels.get("system"), labels.get("tier"))].add(
-                    now, sample.value
+                    now, sample.value, 2 * self.window_s
                 )
         for key in stores:
             self._imminent(key, now)
@@ -139,7 +147,7 @@ class ClusterWatch:
             return
         ratio = hits / queries
         history = self._ratios[engine]
-        history.append((now, ratio))
+        _append(history, now, ratio, self.peak_s)
         peak = max(r for ts, r in history if ts >= now - self.peak_s)
         collapsed = peak > 0 and ratio < self.fraction * peak and writes_not_falling
         labels = {"engine": engine}
