@@ -89,6 +89,14 @@ class _Criterion(_Strict):
     def threshold(self) -> dict:
         """What the rows are held against, as the evidence shows it."""
 
+    def failure_columns(self) -> tuple[str, ...]:
+        """The columns a failure message shows of each failed row."""
+        return self.summary_columns
+
+    def failure(self, failed: list[dict]) -> str | None:
+        """A failure message of this kind's own, when the generic list of failed rows would say it worse."""
+        return None
+
 
 _METRIC_FIELDS = {"metric", "other", "hits", "queries", "bound", "rounds", "consistent_with"}
 
@@ -207,6 +215,9 @@ ORDER BY 1"""
     def threshold(self) -> dict:
         return {"increase": "> 0", "at_least": self.consistent_with.describe() if self.consistent_with else None}
 
+    def failure_columns(self) -> tuple[str, ...]:
+        return (self.group_by, *self.summary_columns)
+
 
 class _Rounds(_Criterion):
     """Per-round hits against the analytic bound, cut at the samples where the round counter advanced.
@@ -313,6 +324,15 @@ FROM islands ORDER BY round"""
 
     def threshold(self) -> dict:
         return {"fraction_of_ideal": self.fraction, "consecutive_rounds": self.consecutive}
+
+    def failure(self, failed: list[dict]) -> str | None:
+        """Where the collapse began, and the first round that failed."""
+        first = failed[0]
+        rounds = f"{self.consecutive} rounds in a row" if self.consecutive > 1 else "the hit ratio"
+        return (
+            f"collapsed in round {first['streak_start']}: {rounds} below {self.fraction:g} x the ideal "
+            f"(round {first['round']}: hit ratio {first['hit_ratio']:.4f}, ideal {first['ideal_hit_ratio']:.4f})"
+        )
 
 
 class CrossSource(_Criterion):

@@ -119,19 +119,11 @@ def summarize(outcome: Outcome) -> str:
     if not outcome.rows:
         return "no rows: the query found nothing to judge"
     failed = [row for row in outcome.rows if not row["passed"]]
-    kind = outcome.criterion.kind  # type: ignore[attr-defined]
-    if kind == "no_collapse" and failed:
-        first, criterion = failed[0], outcome.criterion
-        rounds = f"{criterion.consecutive} rounds in a row" if criterion.consecutive > 1 else "the hit ratio"  # type: ignore[attr-defined]
-        return (
-            f"collapsed in round {first['streak_start']}: {rounds} below {criterion.fraction:g} x the ideal "  # type: ignore[attr-defined]
-            f"(round {first['round']}: hit ratio {first['hit_ratio']:.4f}, ideal {first['ideal_hit_ratio']:.4f})"
-        )
     if not failed:
         return f"passed: {len(outcome.rows)} row(s) checked"
-    columns = outcome.criterion.summary_columns
-    if kind == "positive_delta":
-        columns = (outcome.criterion.group_by, *columns)  # type: ignore[attr-defined]
+    if (told := outcome.criterion.failure(failed)) is not None:
+        return told
+    columns = outcome.criterion.failure_columns()
     byte_metric = any(metric.name.endswith("bytes") for _, metric, _ in outcome.criterion.reads())
     shown = "; ".join(_describe_row(row, columns, byte_metric) for row in failed[:5])
     more = f" (and {len(failed) - 5} more)" if len(failed) > 5 else ""
