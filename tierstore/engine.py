@@ -68,11 +68,8 @@ class EngineEmulator:
         keys = request.keys
         hittable = min(len(keys), (request.prompt_tokens - 1) // self.block_tokens)
         gpu = self.gpu_cache
-        gpu_blocks = gpu.run_length(keys, 0, hittable) if gpu else 0
-        hit = self.store.prefix(keys, gpu_blocks, hittable)
-        if gpu_blocks:
-            gpu.read(keys[:gpu_blocks])  # type: ignore[union-attr]
-        read_bytes = self.store.get(keys, hit)
+        gpu_blocks = gpu.read_run(keys, 0, hittable)[0] if gpu else 0
+        hit = self.store.read_prefix(keys, gpu_blocks, hittable)
         hit_blocks = gpu_blocks + hit.blocks
         put_bytes = self.store.put(keys[hit_blocks:], self.block_bytes)
         if request.output_keys:
@@ -91,7 +88,7 @@ class EngineEmulator:
         counters.recompute_tokens += recompute
         ttft = recompute / self.prefill_tokens_per_s + sum(
             nbytes / tier.read_bandwidth
-            for nbytes, tier in zip(read_bytes, self.store.tiers, strict=True)
+            for nbytes, tier in zip(hit.read_bytes, self.store.tiers, strict=True)
             if nbytes and tier.read_bandwidth
         )
         return Served(

@@ -13,7 +13,7 @@ by the highest tier that holds it: a chain is only as good as its first missing 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -32,6 +32,17 @@ def synthetic_payload(key: Key, nbytes: int) -> bytes:
     seed = hashlib.blake2b(repr(key).encode(), digest_size=32).digest()
     repeats, rest = divmod(nbytes, len(seed))
     return seed * repeats + seed[:rest]
+
+
+Segment = tuple[int, int, int, int]  # (tier index, begin, end, bytes read)
+
+
+@dataclass(slots=True)
+class PrefixRead:
+    """What a prefix read served: `blocks` consecutive blocks, `read_bytes` from each tier (in tier order)."""
+
+    blocks: int
+    read_bytes: list[int]
 
 
 @dataclass(slots=True)
@@ -63,6 +74,7 @@ class TieredStore:
         self.placement = placement
         self.promote_on_hit = promote_on_hit
         self._keeps_bytes = any(tier.backend.holds_bytes for tier in self.tiers)
+        self._only_tier = self.tiers[0] if len(self.tiers) == 1 else None
 
     def __contains__(self, key: Key) -> bool:
         return any(key in tier for tier in self.tiers)
@@ -71,37 +83,29 @@ class TieredStore:
         """Find (without side effects) the run of consecutive blocks from `start` present in some tier.
 
         Works a segment at a time: the highest tier holding the block at `position` serves it, and keeps serving
-        the blocks after it for as long as it holds them and no tier above it does. Each segment is measured by
-        one scan, so a hit costs a dict probe per block and tier, not a Python call.
+        the blocks after it for as long as it holds them and no tier above it does.
         """
         end = len(keys) if stop is None else min(stop, len(keys))
-        top = self.tiers[0]
-        if len(self.tiers) == 1:  # one tier: the hit is one segment, found by one scan
-            run = top.run_length(keys, start, end)
-            return PrefixHit(start, run, [(0, start, start + run)] if run else [])
-        segments: list[tuple[int, int, int]] = []
-        position = start
-        while position < end:
-            serving, run = 0, top.run_length(keys, position, end)  # most blocks are served by the top tier
-            if not run:
-                serving = self._lower_tier_holding(keys[position])
-                if serving is None:
-                    break
-                run = self._lower_run(keys, serving, position, end)
-            segments.append((serving, position, position + run))
-            position += run
-        return PrefixHit(start, position - start, segments)
+        segments = [segment[:3] for segment in self._segments(keys, start, end, read=False)]
+        return PrefixHit(start, segments[-1][2] - start if segments else 0, segments)
 
-    def get(self, keys: Sequence[Key], hit: PrefixHit) -> list[int]:
-        """Read the blocks of `hit` from their tiers; returns bytes read per tier (in tier order)."""
+    def read_prefix(self, keys: Sequence[Key], start: int = 0, stop: int | None = None) -> PrefixRead:
+        """Load the run of consecutive blocks from `start` present in some tier, as a connector's load does: the
+        same segments prefix() finds, each served by its tier (hits, bytes, recency, checksums) as it is found."""
+        end = len(keys) if stop is None or stop > len(keys) else stop
+        if self._only_tier:  # one segment, found and read in one pass
+            blocks, nbytes = self._only_tier.read_run(keys, start, end)
+            return PrefixRead(blocks, [nbytes])
         read = [0] * len(self.tiers)
-        for tier_index, begin, end in hit.segments:
-            read[tier_index] += self.tiers[tier_index].read(keys[begin:end])
-        if self.promote_on_hit:  # only once every segment is read: a promotion may evict a block still to read
-            for tier_index, begin, end in hit.segments:
-                if tier_index > 0:
-                    self._promote([key for key in keys[begin:end] if key in self.tiers[tier_index]], tier_index)
-        return read
+        position = start
+        promoted: list[tuple[int, int, int]] = []
+        for tier_index, begin, position, nbytes in self._segments(keys, start, end, read=True):
+            read[tier_index] += nbytes
+            if tier_index and self.promote_on_hit:
+                promoted.append((tier_index, begin, position))
+        for tier_index, begin, until in promoted:  # only once every segment is read: a promotion may evict one
+            self._promote([key for key in keys[begin:until] if key in self.tiers[tier_index]], tier_index)
+        return PrefixRead(position - start, read)
 
     def put(self, keys: Sequence[Key], nbytes: int) -> int:
         """Save the blocks of `keys` that no tier holds (a connector checks existence first); returns bytes put."""
@@ -130,15 +134,29 @@ class TieredStore:
         for tier in self.tiers + self.attached:
             tier.backend.close()
 
-    def _lower_tier_holding(self, key: Key) -> int | None:
-        """The index of the highest tier below the top that holds `key`, None if none does."""
-        return next((index for index in range(1, len(self.tiers)) if key in self.tiers[index]), None)
+    def _segments(self, keys: Sequence[Key], start: int, end: int, *, read: bool) -> Iterator[Segment]:
+        """The present run from `start` as (tier index, begin, end, bytes read) segments, each tier's run found by
+        one scan; `read` serves each segment from its tier as it goes, otherwise the walk only looks."""
+        tiers = self.tiers
+        position = start
+        while position < end:
+            serving, bound = 0, end  # most blocks are served by the top tier
+            run, nbytes = self._run(tiers[0], keys, position, end, read)
+            if not run:
+                key = keys[position]
+                serving = next((index for index in range(1, len(tiers)) if key in tiers[index]), 0)
+                if not serving:
+                    return
+                for tier in tiers[:serving]:  # the segment ends where a tier above holds a block again
+                    bound = tier.first_held(keys, position, bound)
+                run, nbytes = self._run(tiers[serving], keys, position, bound, read)
+            yield serving, position, position + run, nbytes
+            position += run
 
-    def _lower_run(self, keys: Sequence[Key], serving: int, position: int, end: int) -> int:
-        """Length of the segment tier `serving` serves from `position`: blocks it holds and no tier above it does."""
-        for tier in self.tiers[:serving]:  # the segment ends where a tier above holds a block again
-            end = tier.first_held(keys, position, end)
-        return self.tiers[serving].run_length(keys, position, end)
+    @staticmethod
+    def _run(tier: Tier, keys: Sequence[Key], start: int, end: int, read: bool) -> tuple[int, int]:
+        """(blocks, bytes read) of the run `tier` holds from `start`: served when `read`, else only measured."""
+        return tier.read_run(keys, start, end) if read else (tier.run_length(keys, start, end), 0)
 
     def _missing(self, keys: Sequence[Key]) -> list[Key]:
         """The keys no tier holds, in order."""

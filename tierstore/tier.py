@@ -65,6 +65,10 @@ class Tier:
         self.read_bandwidth = read_bandwidth
         self.counters = TierCounters(capacity_bytes=capacity)
         self._index = policy.index
+        self._refresh = policy.refresh
+        self._verifies = self.backend.holds_bytes
+        # The size every block written here has had; 0 once two sizes were written (reads then sum the sizes).
+        self._block_bytes: int | None = None
 
     @property
     def capacity(self) -> int:
@@ -74,15 +78,13 @@ class Tier:
         return key in self._index
 
     def run_length(self, keys: Sequence[Key], start: int = 0, stop: int | None = None) -> int:
-        """How many consecutive blocks from `keys[start]` (up to `stop`) this tier holds."""
+        """How many consecutive blocks from `keys[start]` (up to `stop`) this tier holds; no side effects."""
         end = len(keys) if stop is None else min(stop, len(keys))
-        if start >= end:
-            return 0
         index = self._index
         for position in range(start, end):
             if keys[position] not in index:
                 return position - start
-        return end - start
+        return max(end - start, 0)
 
     def missing(self, keys: Iterable[Key]) -> Iterator[Key]:
         """The keys this tier does not hold, in order (filterfalse tests the index without a call per key)."""
@@ -99,19 +101,33 @@ class Tier:
     def size_of(self, key: Key) -> int:
         return self._index[key]
 
-    def read(self, keys: Sequence[Key]) -> int:
-        """Serve a run of resident blocks: count hits and bytes, refresh recency, verify real bytes; returns the
-        bytes read."""
-        index = self._index
-        nbytes = sum(map(index.__getitem__, keys))
+    def read_run(self, keys: Sequence[Key], start: int, end: int) -> tuple[int, int]:
+        """Serve the run of consecutive blocks this tier holds from `keys[start]` (before `end`, at most
+        len(keys)): count hits and bytes, refresh each block as the policy does, verify real bytes. Returns
+        (blocks, bytes) read. Finding the run and refreshing it is one pass, one probe per block: every hit's path.
+        """
+        refresh = self._refresh
+        if refresh is None:
+            run = self.run_length(keys, start, end)
+        else:
+            index, run = self._index, max(end - start, 0)
+            for position in range(start, end):
+                key = keys[position]
+                if key not in index:
+                    run = position - start
+                    break
+                refresh(key)
+        if not run:
+            return 0, 0
+        block_bytes = self._block_bytes
+        nbytes = run * block_bytes if block_bytes else sum(map(self._index.__getitem__, keys[start : start + run]))
         counters = self.counters
-        counters.hits += len(keys)
+        counters.hits += run
         counters.read_bytes += nbytes
-        self.policy.touch(keys)
-        if self.backend.holds_bytes:
-            for key in keys:
+        if self._verifies:
+            for key in keys[start : start + run]:
                 self.backend.verify(key)
-        return nbytes
+        return run, nbytes
 
     def write(
         self,
@@ -127,6 +143,10 @@ class Tier:
         Returns what was evicted, oldest first, with bytes when `keep_evicted` (for demotion). Blocks that
         cannot fit even in an empty tier land and are evicted at once, as a real tier overrun by one request.
         """
+        if self._block_bytes is None:
+            self._block_bytes = nbytes
+        elif nbytes != self._block_bytes:
+            self._block_bytes = 0
         counters = self.counters
         total = len(keys) * nbytes
         counters.written_bytes += total

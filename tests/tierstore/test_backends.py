@@ -78,8 +78,7 @@ def test_round_trip_through_a_store(new_backend):
     store = TieredStore([tier])
     keys = ["k0", "k1", "k2"]
     assert store.put(keys, BLOCK) == 3 * BLOCK
-    assert store.get(keys, store.prefix(keys)) == [3 * BLOCK]
-    tier.read(keys)  # verifies every block
+    assert store.read_prefix(keys).read_bytes == [3 * BLOCK]  # verifies every block
     assert [tier.backend.load(key) for key in keys] == [synthetic_payload(key, BLOCK) for key in keys]
     # payloads differ per key: a misdirected read could not pass its check
     assert len({tier.backend.load(key) for key in keys}) == 3
@@ -95,7 +94,7 @@ def test_flipped_byte_is_detected_on_load(new_backend):
     flip_byte(backend, "k1", at=BLOCK - 1)
     assert backend.load("k0") == synthetic_payload("k0", BLOCK)
     with pytest.raises(CorruptBlockError, match="k1"):
-        store.get(keys, store.prefix(keys))
+        store.read_prefix(keys)
     store.close()
 
 
@@ -124,7 +123,7 @@ def test_evicting_tier_recycles_its_slots(new_backend):
     for index in range(10):
         tier.write([f"k{index}"], BLOCK, synthetic_payload, is_put=True)
     assert tier.counters.evictions == 8
-    tier.read(["k8", "k9"])
+    assert tier.read_run(["k8", "k9"], 0, 2) == (2, 2 * BLOCK)
     assert [tier.backend.load(k) for k in ("k8", "k9")] == [synthetic_payload(k, BLOCK) for k in ("k8", "k9")]
     backend.close()
 
@@ -138,11 +137,11 @@ def test_demotion_and_promotion_carry_the_real_bytes(backend_kind, tmp_path):
     store.put(["a"], BLOCK)
     store.put(["b"], BLOCK)  # a goes down to nof with its bytes
     assert nof_backend.load("a") == synthetic_payload("a", BLOCK)
-    assert store.get(["a"], store.prefix(["a"])) == [0, BLOCK]  # served by nof, then moved up
+    assert store.read_prefix(["a"]).read_bytes == [0, BLOCK]  # served by nof, then moved up
     assert "a" in dram and "a" not in nof
-    dram.read(["a"])
+    assert dram.read_run(["a"], 0, 1) == (1, BLOCK)
     assert dram.backend.load("a") == synthetic_payload("a", BLOCK)
-    nof.read(["b"])
+    assert nof.read_run(["b"], 0, 1) == (1, BLOCK)
     assert nof.backend.load("b") == synthetic_payload("b", BLOCK)
     store.close()
 

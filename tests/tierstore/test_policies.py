@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from kvscope.tierstore.policies import POLICIES, FifoPolicy, LruPolicy, TailFirstPolicy, make_policy
+from kvscope.tierstore.policies import POLICIES, EvictionPolicy, FifoPolicy, LruPolicy, TailFirstPolicy, make_policy
+
+
+def read(policy: EvictionPolicy, keys: list[str]) -> None:
+    """What a tier's read does to the policy: refresh each block read, head first (nothing for FIFO)."""
+    if policy.refresh is not None:
+        for key in keys:
+            policy.refresh(key)
 
 
 def test_all_policies_evict_in_admission_order_without_reads(drain):
@@ -21,17 +28,17 @@ def test_lru_read_refreshes_in_chain_order_head_older_than_tail(drain):
     policy = LruPolicy()
     policy.admit(["a0", "a1", "a2"], 10)
     policy.admit(["b0", "b1"], 10)
-    policy.touch(["a0", "a1"])  # a2 was not read: it keeps its age
+    read(policy, ["a0", "a1"])  # a2 was not read: it keeps its age
     assert drain(policy) == ["a2", "b0", "b1", "a0", "a1"]
 
 
-def test_lru_touch_reversed_chain_would_differ(drain):
-    """Pins down head-first semantics: touching [a0, a1] and [a1, a0] must give opposite orders."""
+def test_lru_read_of_reversed_chain_would_differ(drain):
+    """Pins down head-first semantics: reading [a0, a1] and [a1, a0] must give opposite orders."""
     forward, backward = LruPolicy(), LruPolicy()
     for policy in (forward, backward):
         policy.admit(["a0", "a1"], 10)
-    forward.touch(["a0", "a1"])
-    backward.touch(["a1", "a0"])
+    read(forward, ["a0", "a1"])
+    read(backward, ["a1", "a0"])
     assert drain(forward) == ["a0", "a1"]
     assert drain(backward) == ["a1", "a0"]
 
@@ -49,8 +56,8 @@ def test_fifo_reads_do_not_refresh(drain):
     policy = FifoPolicy()
     policy.admit(["a0", "a1"], 10)
     policy.admit(["b0"], 10)
-    policy.touch(["a0", "a1"])
-    policy.touch(["a0"])
+    read(policy, ["a0", "a1"])
+    read(policy, ["a0"])
     policy.release(["a0", "a1"])
     assert drain(policy) == ["a0", "a1", "b0"]
 
@@ -70,7 +77,7 @@ def test_tail_first_is_lru_by_release_time_across_requests(drain):
     policy.release(["a0", "a1"])
     policy.admit(["b0", "b1"], 10)
     policy.release(["b0", "b1"])
-    policy.touch(["a0", "a1"])  # A is read again (LRU refresh) ...
+    read(policy, ["a0", "a1"])  # A is read again (LRU refresh) ...
     policy.release(["a0", "a1"])  # ... and released again
     assert drain(policy) == ["b1", "b0", "a1", "a0"]
 

@@ -57,6 +57,53 @@ def test_prefix_has_no_side_effects(make_store, chain, block):
     assert "a0" not in store and "b0" in store
 
 
+def test_read_refreshes_the_run_only_not_blocks_after_its_first_miss(make_tier, chain, block, drain):
+    """A read finds the run and refreshes it in one pass: a2, present but behind the hole at a1, keeps its age."""
+    tier = make_tier("dram", 10)
+    a = chain("a", 3)
+    tier.write([*a, "b0"], block, is_put=True)
+    tier.remove("a1")
+    assert tier.read_run(a, 0, 3) == (1, block)
+    assert (tier.counters.hits, tier.counters.read_bytes) == (1, block)
+    assert drain(tier.policy) == ["a2", "b0", "a0"]
+
+
+def test_fifo_read_counts_hits_without_reordering(make_tier, chain, block, drain):
+    tier = make_tier("dram", 10, "fifo")
+    tier.write(chain("a", 2), block, is_put=True)
+    tier.write(["b0"], block, is_put=True)
+    assert tier.read_run(chain("a", 2), 0, 2) == (2, 2 * block)
+    assert tier.counters.hits == 2
+    assert drain(tier.policy) == ["a0", "a1", "b0"]
+
+
+def test_read_bytes_sum_each_blocks_size_once_sizes_differ(make_tier, block):
+    """Reads multiply by the block size while every write had one size, and sum per block once two did."""
+    tier = make_tier("dram", 10)
+    tier.write(["a0"], block, is_put=True)
+    assert tier.read_run(["a0"], 0, 1) == (1, block)
+    tier.write(["b0", "b1"], block // 4, is_put=True)
+    assert tier.read_run(["a0", "b0", "b1"], 0, 3)[1] == block + 2 * (block // 4)
+    assert tier.read_run(["b0", "b1"], 0, 2) == (2, block // 2)
+    assert tier.counters.read_bytes == 2 * block + block // 2 + block // 2
+
+
+def test_read_prefix_reads_what_prefix_found(make_store, chain, block):
+    """read_prefix serves exactly prefix()'s run, tier by tier; start and stop bound it the same way."""
+    store = make_store([("dram", 3), ("nof", 10)])
+    keys = chain("k", 6)
+    store.put(keys, block)
+    store.tiers[1].remove("k5")  # k5 is still in dram: the run goes on through it
+    store.tiers[0].remove("k4")
+    store.tiers[1].remove("k4")
+    assert store.prefix(keys).segments == [(1, 0, 3), (0, 3, 4)]
+    assert store.prefix(keys, 1, 3).blocks == store.read_prefix(keys, 1, 3).blocks == 2
+    read = store.read_prefix(keys, 0, 99)
+    assert (read.blocks, read.read_bytes) == (4, [block, 3 * block])
+    assert counters(store, "dram", "hits") == (1,)
+    assert counters(store, "nof", "hits") == (5,)
+
+
 def test_segments_name_the_highest_tier_holding_each_block(make_store, chain, block):
     """Replicated 3-tier store: top holds the last 2 blocks, middle the last 3, bottom all 5."""
     store = make_store([("gpu", 2), ("dram", 3), ("nof", 10)])
@@ -66,7 +113,7 @@ def test_segments_name_the_highest_tier_holding_each_block(make_store, chain, bl
     assert hit.blocks == 5
     # k0,k1 only in nof (2); k2 in dram and nof -> dram (1); k3,k4 everywhere -> gpu (0)
     assert hit.segments == [(2, 0, 2), (1, 2, 3), (0, 3, 5)]
-    assert store.get(keys, hit) == [200, 100, 200]
+    assert store.read_prefix(keys).read_bytes == [200, 100, 200]
     assert [store.counters()[t]["hits"] for t in ("gpu", "dram", "nof")] == [2, 1, 2]
 
 
@@ -138,7 +185,7 @@ def test_replicate_upper_eviction_leaves_lower_copy_which_serves_the_hit(make_st
     assert counters(store, "nof", "evictions", "evicted_bytes", "allocated_bytes") == (0, 0, 400)
     hit = store.prefix(a)
     assert (hit.blocks, hit.segments) == (2, [(1, 0, 2)])
-    assert store.get(a, hit) == [0, 200]
+    assert store.read_prefix(a).read_bytes == [0, 200]
     assert counters(store, "nof", "hits", "read_bytes") == (2, 200)
     assert counters(store, "dram", "hits", "read_bytes") == (0, 0)
     # without promote_on_hit nothing moves
@@ -151,7 +198,7 @@ def test_replicate_promote_on_hit_copies_up(make_store, chain, block):
     a, b = chain("a", 2), chain("b", 2)
     store.put(a, block)
     store.put(b, block)
-    store.get(a, store.prefix(a))
+    store.read_prefix(a)
     assert counters(store, "dram", "puts", "put_bytes", "written_bytes") == (4, 400, 600)
     assert counters(store, "dram", "evictions", "allocated_bytes") == (4, 200)
     assert counters(store, "nof", "hits", "written_bytes", "allocated_bytes") == (2, 400, 400)
@@ -165,7 +212,7 @@ def test_replicate_promote_copies_into_every_tier_above(make_store, block):
     store.put(["a"], block)
     store.put(["b"], block)  # gpu and dram evict a
     assert store.prefix(["a"]).segments == [(2, 0, 1)]
-    store.get(["a"], store.prefix(["a"]))
+    store.read_prefix(["a"])
     assert ["a" in tier for tier in store.tiers] == [True, True, True]
     assert counters(store, "gpu", "puts", "written_bytes") == (2, 300)
     assert counters(store, "dram", "puts", "written_bytes") == (0, 300)
@@ -176,7 +223,7 @@ def test_replicate_promote_copies_into_every_tier_above(make_store, block):
 def test_promote_on_hit_does_not_evict_blocks_of_the_same_lookup(make_store, chain, block, placement):
     """dram (2 blocks) holds the tail k2,k3, nof the head: promoting k0,k1 must not break reading k2,k3.
 
-    Regression: get() used to promote each lower segment before reading the next one; promoting k0,k1
+    Regression: the read used to promote each lower segment before reading the next one; promoting k0,k1
     evicted k2,k3 from dram and the read of segment (0, 2, 4) raised KeyError.
     """
     store = make_store([("dram", 2), ("nof", 10)], placement=placement, promote_on_hit=True)
@@ -184,7 +231,7 @@ def test_promote_on_hit_does_not_evict_blocks_of_the_same_lookup(make_store, cha
     store.put(keys, block)
     hit = store.prefix(keys)
     assert hit.segments == [(1, 0, 2), (0, 2, 4)]
-    assert store.get(keys, hit) == [200, 200]
+    assert store.read_prefix(keys).read_bytes == [200, 200]
     assert counters(store, "dram", "hits") == (2,)
     assert counters(store, "nof", "hits") == (2,)
     # the head moved up (copied or moved) and evicted the tail from dram
@@ -233,7 +280,7 @@ def test_demote_promote_on_hit_moves_up(make_store, chain, block):
     a, b = chain("a", 2), chain("b", 2)
     store.put(a, block)
     store.put(b, block)  # a demoted to nof
-    assert store.get(a, store.prefix(a)) == [0, 200]
+    assert store.read_prefix(a).read_bytes == [0, 200]
     assert all(key in store.tiers[0] and key not in store.tiers[1] for key in a)
     assert all(key in store.tiers[1] and key not in store.tiers[0] for key in b)
     # dram: 4 puts + 2 promoted writes; evicted a0,a1 then b0,b1
