@@ -21,10 +21,10 @@ request stream only, so both implementations below are charged the same number o
   the same evictions (checked and printed).
 
 Part 2, the `file` backend against `dd` on the same file system with the same block size: writes (page cache,
-then fsync; and O_DIRECT), reads from disk (the file's pages dropped from the page cache with
-posix_fadvise(DONTNEED) first), reads from the page cache (right after a read), and O_DIRECT reads. kvscope goes
+then fsync; and O_DIRECT), reads from disk (the file's pages dropped from the page cache first, with
+FileBackend.drop_page_cache), reads from the page cache (right after a read), and O_DIRECT reads. kvscope goes
 through FileBackend.store and FileBackend.verify (what serving a hit does), so every block pays its XXH3-64
-checksum (computed on store, verified on every read).
+checksum (computed on store, verified on every read; buffered reads check the file's mapped pages in place).
 
 Run: .venv/bin/python bench/sim.py [--repeat N] [--io-repeat N] [--quick] [--part all|lookups|file] [--dir DIR]
 This is a script, not a test: bench/ is outside pytest's testpaths and nothing here is named test_*.
@@ -353,16 +353,6 @@ def dd(*args: str) -> float:
     return float(match.group(1))
 
 
-def drop_from_page_cache(path: Path) -> None:
-    """Evict a file's (clean) pages from the page cache without root: posix_fadvise(DONTNEED) on all of it."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def fsync_file(path: Path) -> None:
     """fsync through a second descriptor: on Linux it flushes the file's dirty pages whoever wrote them."""
     fd = os.open(path, os.O_RDONLY)
@@ -396,17 +386,19 @@ def dd_write(path: Path, block: int, count: int, direct: bool) -> float:
 def kv_read(backend: FileBackend, cold: bool) -> float:
     """Read every block back and verify its checksum, as a hit does; `cold` drops the file's cached pages first."""
     if cold:
-        drop_from_page_cache(backend.path)
+        backend.drop_page_cache()
     start = time.perf_counter()
     for key in range(backend.slots):
         backend.verify(key)
     return time.perf_counter() - start
 
 
-def dd_read(path: Path, block: int, count: int, direct: bool, cold: bool) -> float:
-    """dd the same file to /dev/null; `cold` drops its cached pages first."""
+def dd_read(backend: FileBackend, block: int, count: int, direct: bool, cold: bool) -> float:
+    """dd the backend's file to /dev/null; `cold` drops its cached pages first (through the backend, whose read
+    mapping would otherwise keep them)."""
     if cold:
-        drop_from_page_cache(path)
+        backend.drop_page_cache()
+    path = backend.path
     return dd(f"if={path}", "of=/dev/null", f"bs={block}", f"count={count}", *(["iflag=direct"] if direct else []))
 
 
@@ -434,15 +426,15 @@ def io_pass(workdir: Path, size: int, block: int, direct: bool, flip: bool) -> d
         if direct:
             measured["write O_DIRECT"] = kv_s, dd_s
             measured["read O_DIRECT"] = pair(
-                lambda: kv_read(reader, cold=False), lambda: dd_read(kv_file, block, count, True, cold=False)
+                lambda: kv_read(reader, cold=False), lambda: dd_read(reader, block, count, True, cold=False)
             )
         else:
             measured["write + fsync"] = kv_s, dd_s
             measured["read, page cache dropped"] = pair(
-                lambda: kv_read(reader, cold=True), lambda: dd_read(kv_file, block, count, False, cold=True)
+                lambda: kv_read(reader, cold=True), lambda: dd_read(reader, block, count, False, cold=True)
             )
             measured["read, from page cache"] = pair(
-                lambda: kv_read(reader, cold=False), lambda: dd_read(kv_file, block, count, False, cold=False)
+                lambda: kv_read(reader, cold=False), lambda: dd_read(reader, block, count, False, cold=False)
             )
     finally:
         if backend is not None:
@@ -503,10 +495,12 @@ def file_bench(size: int, blocks: list[int], repeat: int, directory: str | None)
         if direct_error:
             print(f"   O_DIRECT not measured: {direct_error}")
         print(
-            "   kvscope = FileBackend.store (XXH3-64 + pwrite) then fsync, / FileBackend.verify (pread + XXH3 check);\n"
+            "   kvscope = FileBackend.store (XXH3-64 + pwrite) then fsync, / FileBackend.verify (XXH3 check of the\n"
+            "   file's mapped pages; O_DIRECT: pread into an aligned buffer, then the check);\n"
             "   dd = dd if=/dev/zero conv=fdatasync / oflag=direct, and dd of=/dev/null of kvscope's own file.\n"
-            "   'page cache dropped' = posix_fadvise(DONTNEED) on the file before each read; 'from page cache' reads\n"
-            f"   right after that read, so it measures memory copies and the checksum, not the disk. goal: ratio >= "
+            "   'page cache dropped' = unmapped and posix_fadvise(DONTNEED) before each read; 'from page cache' reads\n"
+            f"   right after that read, so it measures memory (dd: a copy, kvscope: the checksum), not the disk. goal: "
+            f"ratio >= "
             f"{FILE_GOAL_RATIO}"
         )
     finally:

@@ -124,10 +124,11 @@ class MemoryBackend(_SlottedBackend):
 
 
 class FileBackend(_SlottedBackend):
-    """Real bytes in one file with pread/pwrite; with `direct=True` the page cache is bypassed (O_DIRECT).
+    """Real bytes in one file, written with pwrite; with `direct=True` the page cache is bypassed (O_DIRECT).
 
-    Reads land in one reused page-aligned buffer (what O_DIRECT needs, and no allocation per block); slot sizes
-    must then be multiples of 4 KiB.
+    Buffered reads check the bytes where they lie, in a read-only shared mapping of the file (no copy: the page
+    cache is the buffer, so a hit costs the checksum alone). O_DIRECT reads land in one reused page-aligned
+    buffer (no allocation per block); slot sizes must then be multiples of 4 KiB.
     """
 
     name = "file"
@@ -146,10 +147,13 @@ class FileBackend(_SlottedBackend):
             self._fd = os.open(self.path, flags, 0o600)
         except OSError as error:
             raise OSError(f"cannot open file backend {self.path} (o_direct={direct}): {error.strerror}") from error
-        os.ftruncate(self._fd, self.slots * slot_bytes)
+        self._size = self.slots * slot_bytes
+        os.ftruncate(self._fd, self._size)
         self._direct = direct
         self._buffer = mmap.mmap(-1, slot_bytes)
         self._buffer_view = memoryview(self._buffer)
+        self._mapping = None if direct or not self._size else mmap.mmap(self._fd, self._size, prot=mmap.PROT_READ)
+        self._mapping_view = memoryview(self._mapping) if self._mapping else None
 
     def _write(self, slot: int, payload: bytes | memoryview) -> None:
         offset = slot * self.slot_bytes
@@ -163,13 +167,28 @@ class FileBackend(_SlottedBackend):
 
     def _view(self, slot: int, length: int) -> memoryview:
         offset = slot * self.slot_bytes
-        size = self.slot_bytes if self._direct else length
-        read = os.preadv(self._fd, [self._buffer_view[:size]], offset)
+        if self._mapping_view is not None:
+            # A mapped page beyond the end of a file someone truncated would kill the process (SIGBUS): check.
+            if os.fstat(self._fd).st_size < self._size:
+                raise OSError(f"{self.path} was truncated below its {self._size} B behind the backend's back")
+            return self._mapping_view[offset : offset + length]
+        read = os.preadv(self._fd, [self._buffer_view], offset)
         if read < length:
             raise OSError(f"short read from {self.path} at offset {offset}: {read} of {length} B")
         return self._buffer_view[:length]
 
+    def drop_page_cache(self) -> None:
+        """Flush the file and evict its pages from the page cache, so the next reads come from the medium (what a
+        cold-cache measurement needs). The read mapping lets go of its pages first: the kernel keeps mapped ones."""
+        os.fsync(self._fd)
+        if self._mapping is not None:
+            self._mapping.madvise(mmap.MADV_DONTNEED)
+        os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
     def close(self) -> None:
+        if self._mapping is not None:
+            self._mapping_view.release()  # type: ignore[union-attr]
+            self._mapping.close()
         os.close(self._fd)
         self._buffer_view.release()
         self._buffer.close()

@@ -163,6 +163,32 @@ def test_make_backend_errors_name_the_problem(tmp_path):
     assert make_backend("accounting", 4 * BLOCK, BLOCK).holds_bytes is False
 
 
+@pytest.mark.parametrize("direct", [False, True])
+def test_file_reads_survive_dropping_the_page_cache(tmp_path, direct):
+    """A cold read (pages dropped, through the read mapping too) comes back from the file, still checked."""
+    backend = FileBackend(4 * DIRECT_IO_ALIGNMENT, DIRECT_IO_ALIGNMENT, tmp_path / "tier.blocks", direct=direct)
+    backend.store("a", synthetic_payload("a", DIRECT_IO_ALIGNMENT))
+    backend.verify("a")
+    backend.drop_page_cache()
+    assert backend.load("a") == synthetic_payload("a", DIRECT_IO_ALIGNMENT)
+    flip_byte(backend, "a")
+    backend.drop_page_cache()
+    with pytest.raises(CorruptBlockError, match="'a'"):
+        backend.verify("a")
+    backend.close()
+
+
+def test_truncated_file_is_an_error_not_a_crash(tmp_path):
+    """Reading mapped pages past the end of a truncated file would kill the process: the read says what happened."""
+    path = tmp_path / "tier.blocks"
+    backend = FileBackend(4 * BLOCK, BLOCK, path)
+    backend.store("a", synthetic_payload("a", BLOCK))
+    os.truncate(path, BLOCK // 2)
+    with pytest.raises(OSError, match=f"{path} was truncated below its {4 * BLOCK} B"):
+        backend.verify("a")
+    backend.close()
+
+
 # --------------------------------------------------------------------------- O_DIRECT
 
 
