@@ -85,7 +85,7 @@ class TieredStore:
         Works a segment at a time: the highest tier holding the block at `position` serves it, and keeps serving
         the blocks after it for as long as it holds them and no tier above it does.
         """
-        end = len(keys) if stop is None else min(stop, len(keys))
+        end = len(keys) if stop is None or stop > len(keys) else stop
         segments = [segment[:3] for segment in self._segments(keys, start, end, read=False)]
         return PrefixHit(start, segments[-1][2] - start if segments else 0, segments)
 
