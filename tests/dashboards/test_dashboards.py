@@ -23,6 +23,7 @@ import httpx
 import jsonschema
 import pytest
 import yaml
+from support.grafana import datasource_references
 from support.realservers import TOKEN, Service, free_port, start_prometheus
 
 from kvscope.dashboards import media
@@ -232,18 +233,8 @@ def test_every_datasource_is_a_dashboard_variable(uid):
     variables = {v["name"]: v["query"] for v in dashboard["templating"]["list"] if v["type"] == "datasource"}
     assert variables.get("datasource") == "prometheus"
 
-    def walk(node: object) -> Iterator[dict]:
-        if isinstance(node, dict):
-            if "datasource" in node:
-                yield node["datasource"]
-            for value in node.values():
-                yield from walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                yield from walk(value)
-
-    references = list(walk(dashboard["panels"])) + list(walk(dashboard["annotations"]))
-    references += list(walk([v for v in dashboard["templating"]["list"] if v["type"] != "datasource"]))
+    variables_using_one = [v for v in dashboard["templating"]["list"] if v["type"] != "datasource"]
+    references = list(datasource_references([dashboard["panels"], dashboard["annotations"], variables_using_one]))
     assert references
     for reference in references:
         name = re.fullmatch(r"\$\{(\w+)\}", reference["uid"])

@@ -29,6 +29,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
+from support.grafana import datasource_references
 
 from kvscope.exporters.config import ConfigError, load_config, parse_config
 
@@ -526,18 +527,9 @@ def test_every_datasource_the_dashboards_use_is_provisioned(compose):
     for path in (DEPLOY / "grafana" / "provisioning" / "datasources").glob("*.yaml"):
         provisioned |= {d["type"]: d["uid"] for d in _yaml(path)["datasources"]}
 
-    def references(node):
-        if isinstance(node, dict):
-            if isinstance(node.get("datasource"), dict):
-                yield node["datasource"]
-            for value in node.values():
-                yield from references(value)
-        elif isinstance(node, list):
-            for value in node:
-                yield from references(value)
-
     for path in dashboards:
-        for reference in references(json.loads(path.read_text())):
+        references = datasource_references(json.loads(path.read_text()))
+        for reference in (r for r in references if isinstance(r, dict)):
             kind, uid = reference.get("type"), reference.get("uid", "")
             if kind in ("grafana", "-- Grafana --", "datasource", "__expr__"):
                 continue  # Grafana's built-ins
