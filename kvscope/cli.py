@@ -130,13 +130,16 @@ def ab_run(
         Path | None, typer.Option("--workdir", help="folder for file-backend tiers without a path")
     ] = None,
     db: Annotated[
-        Path | None, typer.Option("--db", help="record every arm through the exporters into this verifier database")
-    ] = None,
+        Path | None,
+        typer.Option("--db", help="record every arm through the exporters into this verifier database, as runs "
+                     "<scenario>/<arm>"),
+    ] = None,  # fmt: skip
 ) -> None:
-    """Run every arm of SCENARIO on the embedded store and print the rounds side by side."""
+    """Run every arm of SCENARIO on its store (embedded, or a real Mooncake) and print the rounds side by side."""
+    from kvscope.processes import ProcessError
     from kvscope.tierstore.ab import run_ab
     from kvscope.tierstore.report import plot as draw
-    from kvscope.tierstore.report import rounds_table, verdict_lines
+    from kvscope.tierstore.report import rounds_table, store_lines, verdict_lines
     from kvscope.tierstore.workloads import TraceError, make_workload
 
     spec = load_scenario(scenario)
@@ -144,29 +147,28 @@ def ab_run(
         rounds = make_workload(spec).round_count
     except TraceError as error:
         raise fail(error) from None
+    if any(arm.store == "mooncake" for arm in spec.arms.values()):
+        from kvscope.tierstore.mooncake import mooncake_missing
+
+        if missing := mooncake_missing():
+            raise fail(f"{scenario}: an arm needs a real Mooncake store, which cannot run here: {missing}")
     recorder = _ab_recorder(db, spec, scenario) if db else None
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
-        tasks = {name: progress.add_task(f"arm {name}", total=rounds) for name in spec.arms}
-
-        def round_done(arm: str, row: dict) -> None:
+        listener = _ArmProgress(progress, {name: progress.add_task(f"arm {name}", total=rounds)
+                                           for name in spec.runnable_arms}, recorder)  # fmt: skip
+        try:
+            result = run_ab(spec, listener, workdir=workdir, publish=recorder is not None)
+        except ProcessError as error:  # a real store that did not start or died: its log says why
+            raise fail(error) from None
+        finally:
             if recorder:
-                recorder.round_done(arm, row)
-            progress.advance(tasks[arm])
-
-        result = run_ab(
-            spec,
-            on_round=round_done,
-            workdir=workdir,
-            publish=recorder is not None,
-            on_start=recorder.arm_started if recorder else None,
-        )
+                recorder.finish()
+                recorder.db.close()
     if recorder:
-        recorder.finish()
-        recorder.db.close()
         console.print(f"recorded runs {', '.join(run.name for run in recorder.runs)} in {db}")
     console.print(rounds_table(result))
-    for line in verdict_lines(result):
+    for line in verdict_lines(result) + store_lines(result):
         console.print(line, highlight=False)
     if json_out:
         write_json(json_out, result)
@@ -176,12 +178,32 @@ def ab_run(
         console.print(f"wrote {plot}")
 
 
+class _ArmProgress:
+    """The A/B's listener on the command line: a progress bar per arm, and the recorder when there is one."""
+
+    def __init__(self, progress: Progress, tasks: dict, recorder) -> None:
+        self.progress, self.tasks, self.recorder = progress, tasks, recorder
+
+    def arm_started(self, arm) -> None:
+        if self.recorder:
+            self.recorder.arm_started(arm)
+
+    def round_done(self, arm, row: dict) -> None:
+        if self.recorder:
+            self.recorder.round_done(arm, row)
+        self.progress.advance(self.tasks[arm.name])
+
+    def arm_ended(self, arm) -> None:
+        if self.recorder:
+            self.recorder.arm_ended(arm)
+
+
 def _ab_recorder(db: Path, spec, scenario: Path):
     from kvscope.verifier.db import Database, VerifierError
     from kvscope.verifier.recorder import ABRecorder
 
     try:
-        return ABRecorder(Database(db), spec, scenario)
+        return ABRecorder(Database(db), spec, scenario, prefix=f"{spec.name}/")
     except VerifierError as error:
         raise fail(error) from None
 

@@ -1,34 +1,52 @@
-"""A/B runner: every arm of a scenario served on its own embedded store, reported per round.
+"""A/B runner: every arm of a scenario served on its own store, reported per round.
 
 The output is DESIGN.md's simulation contract (validated by `ab_result.schema.json`). Each arm replays the
-same request stream; per-round tier figures are deltas of the store's own counters, the same counters the
-exporters publish, so a simulated run and a recorded one are read the same way.
+same request stream on its store: kvscope's embedded one, or a real Mooncake (`store: mooncake`, see
+kvscope.tierstore.mooncake). Per-round tier figures are deltas of the store's own counters, the same counters the
+exporters publish (for Mooncake, its /metrics scraped through the `mooncake` source), so a simulated run and a
+recorded one are read the same way.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from kvscope import __version__
+from kvscope.exporters.scrape import TargetState
 from kvscope.tierstore import scenario as spec
 from kvscope.tierstore.backends import make_backend
 from kvscope.tierstore.engine import EngineEmulator, Served
 from kvscope.tierstore.live import ENGINES
 from kvscope.tierstore.planner import Plan, plan
 from kvscope.tierstore.policies import make_policy
-from kvscope.tierstore.store import TieredStore
+from kvscope.tierstore.store import KVStore, TieredStore
 from kvscope.tierstore.tier import Tier
 from kvscope.tierstore.workloads import make_workload
 
-RoundCallback = Callable[[str, dict], None]
-ArmCallback = Callable[[str], None]
+
+class ArmListener(Protocol):
+    """Told about each arm as it runs (progress bars, the recorder). Calls are never concurrent."""
+
+    def arm_started(self, arm: ArmRun) -> None: ...
+
+    def round_done(self, arm: ArmRun, row: dict) -> None: ...
+
+    def arm_ended(self, arm: ArmRun) -> None: ...
 
 
-def build_store(arm: spec.ArmSpec, block_bytes: int, arm_name: str, workdir: Path | None) -> TieredStore:
-    """An arm's store; file backends without a path get `<workdir>/<arm>-<tier>.blocks`."""
+def build_store(
+    arm: spec.ArmSpec, block_bytes: int, arm_name: str, workdir: Path | None, system: str | None = None
+) -> KVStore:
+    """An arm's store. Embedded: file backends without a path get `<workdir>/<arm>-<tier>.blocks`. Mooncake: the
+    real processes are started (and labelled `system` in their metrics, default the arm's name)."""
+    if arm.store == "mooncake":
+        from kvscope.tierstore.mooncake import MooncakeStore
+
+        return MooncakeStore(arm, block_bytes, system or arm_name)
 
     def build_tier(tier: spec.TierSpec) -> Tier:
         path = tier.path
@@ -44,7 +62,7 @@ def build_store(arm: spec.ArmSpec, block_bytes: int, arm_name: str, workdir: Pat
     return TieredStore(tiers, arm.placement, arm.promote_on_hit, attached)
 
 
-def build_engine(scenario: spec.Scenario, store: TieredStore) -> EngineEmulator:
+def build_engine(scenario: spec.Scenario, store: KVStore) -> EngineEmulator:
     gpu_spec = scenario.engine.gpu_cache
     gpu = Tier("gpu", gpu_spec.capacity, make_policy(gpu_spec.policy)) if gpu_spec else None
     return EngineEmulator(store, scenario.block_tokens, scenario.block_bytes, scenario.engine.prefill_tokens_per_s, gpu)
@@ -73,7 +91,10 @@ class _RoundTally:
 class ArmRun:
     """One arm being served a round at a time: `run_arm` drives it to the end, the service interleaves arms.
 
-    With `published_as`, the arm's engine is published under that name for the `tierstore` exporter source.
+    `name` is one of the scenario's `runnable_arms` (a mirrored arm's simulation is `<name>_sim`). With
+    `published_as`, the arm's engine is published under that name for the `tierstore` exporter source, and a real
+    store's metrics carry it as their `system`. `observed` holds the exporter states of the real store's latest
+    scrape (at the start, after each round, at the end), from which the arm's tier figures were taken.
     """
 
     def __init__(
@@ -85,15 +106,19 @@ class ArmRun:
         published_as: str | None = None,
     ) -> None:
         self.scenario, self.name, self.plan = scenario, name, the_plan
-        self.store = build_store(scenario.arms[name], scenario.block_bytes, name, workdir)
+        self.spec = scenario.runnable_arms[name]
+        self.system = published_as or f"{scenario.name}/{name}"
+        self.store = build_store(self.spec, scenario.block_bytes, name, workdir, self.system)
         self.engine = build_engine(scenario, self.store)
         if published_as:
             ENGINES.publish(published_as, self.engine)
-        gpu = [self.engine.gpu_cache] if self.engine.gpu_cache else []
-        self._tiers = gpu + self.store.tiers + self.store.attached
         self._rounds = enumerate(make_workload(scenario).rounds())
-        self._before = _snapshot(self._tiers)
+        self._last = self._snapshot(self.store.counters())
         self.rows: list[dict] = []
+
+    @property
+    def observed(self) -> list[TargetState]:
+        return self.store.observed
 
     def step(self) -> dict | None:
         """Serve the next round; its row, or None when every round has been served."""
@@ -106,46 +131,60 @@ class ArmRun:
             tally.add(engine.serve(request))
         engine.counters.rounds += 1
         engine.counters.bound_hit_tokens += planned.ideal_hit_tokens
-        after = _snapshot(self._tiers)
-        row = _round_row(index + 1, tally, planned.ideal_hit_ratio, self._before, after)
-        self._before = after
+        after = self._snapshot(self.store.counters())
+        row = _round_row(index + 1, tally, planned.ideal_hit_ratio, self._last, after)
+        self._last = after
         self.rows.append(row)
         return row
 
+    def finish(self) -> None:
+        """The end of the arm: its counters once the store's background work is done (Mooncake's offload)."""
+        self._last = self._snapshot(self.store.settled_counters())
+
     def result(self) -> dict:
         """The arm's object of the contract, for the rounds served so far."""
-        return {
+        arm = {
+            "store": self.store.report(),
             "rounds": self.rows,
-            "totals": _totals(self.rows, _snapshot(self._tiers)),
+            "totals": _totals(self.rows, self._last),
             "prediction": self.plan.arm_json(self.name),
             "observed_collapse_round": observed_collapse_round(self.rows, self.scenario.prediction.collapse_tolerance),
         }
+        if self.name not in self.scenario.arms:
+            arm["mirror_of"] = self.name.removesuffix("_sim")
+        return arm
 
     def close(self) -> None:
         self.store.close()
+
+    def _snapshot(self, store_counters: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+        gpu = self.engine.gpu_cache
+        return ({gpu.name: gpu.counters.as_dict()} if gpu else {}) | store_counters
 
 
 def run_arm(
     scenario: spec.Scenario,
     name: str,
     the_plan: Plan,
-    on_round: RoundCallback | None = None,
+    listener: ArmListener | None = None,
     workdir: Path | None = None,
     publish: bool = False,
-    on_start: ArmCallback | None = None,
 ) -> dict:
     """Serve the scenario's requests on arm `name`; returns the arm's object of the contract.
 
-    With `publish`, the arm's engine is published as "<scenario>/<arm>" for the `tierstore` exporter source;
-    `on_start(arm)` runs once it is published, before the first request (a recorder's round-0 scrape).
+    With `publish`, the arm's engine is published as "<scenario>/<arm>" for the `tierstore` exporter source, before
+    `listener.arm_started` (a recorder's round-0 scrape).
     """
     arm = ArmRun(scenario, name, the_plan, workdir, f"{scenario.name}/{name}" if publish else None)
     try:
-        if on_start:
-            on_start(name)
+        if listener:
+            listener.arm_started(arm)
         while (row := arm.step()) is not None:
-            if on_round:
-                on_round(name, row)
+            if listener:
+                listener.round_done(arm, row)
+        arm.finish()
+        if listener:
+            listener.arm_ended(arm)
     finally:
         arm.close()
     return arm.result()
@@ -153,29 +192,69 @@ def run_arm(
 
 def run_ab(
     scenario: spec.Scenario,
-    on_round: RoundCallback | None = None,
+    listener: ArmListener | None = None,
     workdir: Path | None = None,
     publish: bool = False,
-    on_start: ArmCallback | None = None,
 ) -> dict:
-    """Every arm of the scenario, in the contract's shape."""
+    """Every arm of the scenario (mirrors included), in the contract's shape.
+
+    Embedded arms run one after the other; real-store arms run at the same time, each in a thread of its own that
+    starts and stops its processes (they spend their time waiting on the store and the request pacing).
+    """
     the_plan = plan(scenario)
+    arms = scenario.runnable_arms
+    results: dict[str, dict] = {}
+    failures: list[BaseException] = []
+    serialized = _Serialized(listener) if listener else None
+
+    def run(name: str) -> None:
+        try:
+            results[name] = run_arm(scenario, name, the_plan, serialized, workdir, publish)
+        except BaseException as error:
+            failures.append(error)
+
+    threads = [threading.Thread(target=run, args=(name,), name=f"arm {name}") for name, arm in arms.items()
+               if arm.store != "embedded"]  # fmt: skip
+    for thread in threads:
+        thread.start()
+    try:
+        for name, arm in arms.items():
+            if arm.store == "embedded":
+                results[name] = run_arm(scenario, name, the_plan, serialized, workdir, publish)
+    finally:
+        for thread in threads:
+            thread.join()
+    if failures:
+        raise failures[0]
     return {
         "kvscope_version": __version__,
         "scenario": scenario.model_dump(mode="json"),
-        "arms": {
-            name: run_arm(scenario, name, the_plan, on_round, workdir, publish, on_start) for name in scenario.arms
-        },
+        "arms": {name: results[name] for name in arms},
     }
+
+
+class _Serialized:
+    """A listener whose calls, from arms running at the same time, never overlap."""
+
+    def __init__(self, listener: ArmListener) -> None:
+        self._listener, self._lock = listener, threading.Lock()
+
+    def arm_started(self, arm: ArmRun) -> None:
+        with self._lock:
+            self._listener.arm_started(arm)
+
+    def round_done(self, arm: ArmRun, row: dict) -> None:
+        with self._lock:
+            self._listener.round_done(arm, row)
+
+    def arm_ended(self, arm: ArmRun) -> None:
+        with self._lock:
+            self._listener.arm_ended(arm)
 
 
 def observed_collapse_round(rows: list[dict], tolerance: float) -> int | None:
     """The first round whose hit ratio fell below (1 - tolerance) x its ideal: hits lost to eviction."""
     return next((r["round"] for r in rows if r["hit_ratio"] < (1 - tolerance) * r["ideal_hit_ratio"]), None)
-
-
-def _snapshot(tiers: list[Tier]) -> dict[str, dict[str, int]]:
-    return {tier.name: tier.counters.as_dict() for tier in tiers}
 
 
 def _delta(before: dict, after: dict, counter: str) -> dict[str, int]:

@@ -4,14 +4,15 @@ For each request it does what vLLM does with a prefix cache and an external stor
 consecutive prompt blocks present (GPU-local cache first, then the store's tiers), never more than the prompt
 less one token (the last token is always computed to produce logits), load those blocks, recompute the rest,
 and save the blocks the store lacks. TTFT is estimated from a cost model: recomputed tokens over prefill
-throughput plus hit bytes per tier over the bandwidth from engine to that tier.
+throughput plus the store's time to load the hits (the embedded store: hit bytes per tier over the bandwidth from
+engine to that tier; a real store: the time its gets took).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvscope.tierstore.store import TieredStore
+from kvscope.tierstore.store import KVStore
 from kvscope.tierstore.tier import Tier
 from kvscope.tierstore.workloads import Request
 
@@ -51,7 +52,7 @@ class EngineCounters:
 class EngineEmulator:
     def __init__(
         self,
-        store: TieredStore,
+        store: KVStore,
         block_tokens: int,
         block_bytes: int,
         prefill_tokens_per_s: float,
@@ -86,11 +87,7 @@ class EngineEmulator:
         counters.gpu_hit_tokens += gpu_blocks * self.block_tokens
         counters.external_hit_tokens += hit.blocks * self.block_tokens
         counters.recompute_tokens += recompute
-        ttft = recompute / self.prefill_tokens_per_s + sum(
-            nbytes / tier.read_bandwidth
-            for nbytes, tier in zip(hit.read_bytes, self.store.tiers, strict=True)
-            if nbytes and tier.read_bandwidth
-        )
+        ttft = recompute / self.prefill_tokens_per_s + self.store.load_seconds(hit)
         return Served(
             request.prompt_tokens,
             gpu_blocks * self.block_tokens,

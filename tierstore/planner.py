@@ -88,7 +88,7 @@ def plan(scenario: spec.Scenario) -> Plan:
         {},
         explanation,
     )
-    for name, arm in scenario.arms.items():
+    for name, arm in scenario.runnable_arms.items():
         result.arms[name] = _predict_arm(scenario, workload, result, arm)
     return result
 
@@ -138,33 +138,46 @@ def _predict_arm(
 ) -> ArmPrediction:
     if len(arm.tiers) == 1:
         holding = arm.tiers[0]
-        capacity = holding.capacity
+        capacity = _holds(arm, holding)
         how = f"the {holding.name} tier"
     elif arm.placement == "replicate":
-        holding = max(arm.tiers, key=lambda tier: tier.capacity)
-        capacity = holding.capacity
+        holding = max(arm.tiers, key=lambda tier: _holds(arm, tier))
+        capacity = _holds(arm, holding)
         how = f"replicate: every block lands in every tier, so the largest tier ({holding.name}) bounds it"
     else:
         holding = arm.tiers[-1]
-        capacity = sum(tier.capacity for tier in arm.tiers)
+        capacity = sum(_holds(arm, tier) for tier in arm.tiers)
         how = "demote: tiers are exclusive, so their capacities add up"
+    policy, evicts = holding.policy, holding.policy
+    if arm.store == "mooncake":
+        watermark = arm.mooncake_settings.eviction_high_watermark
+        how += f"; Mooncake evicts once its segment is above {watermark:g} of its size"
+        # the objects whose lease (granted by every exist and get) ran out first: the least recently used
+        policy, evicts = "lru", "Mooncake (oldest lease first, as lru)"
     overflow = next((r.round for r in result.rounds if r.footprint_bytes > capacity), None)
-    explanation = [f"capacity {format_bytes(capacity)} ({how}); evictions by {holding.policy}"]
+    explanation = [f"capacity {format_bytes(capacity)} ({how}); evictions by {evicts}"]
     if overflow is None:
         explanation.append("the working set never exceeds it: every round can reach its ideal, no collapse")
-        return ArmPrediction(capacity, holding.policy, None, None, explanation)
+        return ArmPrediction(capacity, policy, None, None, explanation)
     footprint = result.rounds[overflow - 1].footprint_bytes
     explanation.append(f"round {overflow} is the first whose working set ({format_bytes(footprint)}) exceeds it")
     if not isinstance(workload, MultiRoundWorkload):
         explanation.append("for a trace, whether the overflow collapses depends on reuse: run the A/B to see")
-        return ArmPrediction(capacity, holding.policy, overflow, None, explanation)
-    collapse, reason = _collapse_round(workload, result, capacity, holding.policy, overflow)
+        return ArmPrediction(capacity, policy, overflow, None, explanation)
+    collapse, reason = _collapse_round(workload, result, capacity, policy, overflow)
     explanation.append(reason)
     if len(arm.tiers) > 1:
         explanation.append("several tiers are modelled as one of that capacity: the collapse round is approximate")
     if workload.spec.order != "round_robin":
         explanation.append("the model assumes round-robin order: with shuffled order treat it as approximate")
-    return ArmPrediction(capacity, holding.policy, overflow, collapse, explanation)
+    return ArmPrediction(capacity, policy, overflow, collapse, explanation)
+
+
+def _holds(arm: spec.ArmSpec, tier: spec.TierSpec) -> int:
+    """What a tier holds before it starts evicting: a Mooncake segment evicts above its high watermark."""
+    if arm.store == "mooncake" and tier.name == "dram":
+        return int(tier.capacity * arm.mooncake_settings.eviction_high_watermark)
+    return tier.capacity
 
 
 def _collapse_round(

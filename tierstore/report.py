@@ -17,7 +17,7 @@ def rounds_table(result: dict) -> Table:
     table.add_column("round", justify="right")
     table.add_column("ideal", justify="right")
     for name, arm in arms.items():
-        table.add_column(f"{name}\nhit ratio", justify="right")
+        table.add_column(f"{_arm_title(name, arm)}\nhit ratio", justify="right")
         for tier in arm["totals"]["written_bytes"]:
             table.add_column(f"{name}\n{tier} written", justify="right")
         table.add_column(f"{name}\nevictions", justify="right")
@@ -34,6 +34,31 @@ def rounds_table(result: dict) -> Table:
             cells.append(f"{sum(arm_row['evictions'].values()):,}")
         table.add_row(*cells)
     return table
+
+
+def _arm_title(name: str, arm: dict) -> str:
+    """An arm's column title: its name, and which store served it when that is not the embedded one."""
+    if "mirror_of" in arm:
+        return f"{name} (sim)"
+    kind = arm.get("store", {}).get("kind", "embedded")
+    return name if kind == "embedded" else f"{name} ({kind})"
+
+
+def store_lines(result: dict) -> list[str]:
+    """For each arm a real store served: its return codes other than success, retries and refused puts."""
+    lines = []
+    for name, arm in result["arms"].items():
+        store = arm.get("store", {})
+        if store.get("kind", "embedded") == "embedded":
+            continue
+        codes = ", ".join(f"{code} x{count:,}" for code, count in store["codes"].items()) or "none"
+        settings = store["settings"]
+        lines.append(
+            f"{name} ({store['kind']}): return codes other than success: {codes}; put retries "
+            f"{store['put_retries']:,}, puts not admitted {store['not_admitted']:,}; lease "
+            f"{settings['lease_ttl'] * 1000:g} ms, requests {settings['request_interval'] * 1000:g} ms apart"
+        )
+    return lines
 
 
 def verdict_lines(result: dict) -> list[str]:

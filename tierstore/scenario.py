@@ -14,11 +14,21 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from kvscope.tierstore.backends import BACKENDS
 from kvscope.tierstore.policies import POLICIES
 from kvscope.tierstore.store import Placement
-from kvscope.units import parse_bandwidth, parse_size
+from kvscope.units import parse_bandwidth, parse_duration, parse_size
 from kvscope.validation import describe, read_yaml
 
 Bytes = Annotated[int, BeforeValidator(parse_size)]
 BytesPerSecond = Annotated[float, BeforeValidator(parse_bandwidth)]
+
+
+def _seconds(value: object) -> object:
+    """A duration (e.g. 50ms, 2s) or a number of seconds; 0 is allowed (no pause)."""
+    return 0.0 if value in (0, "0") else parse_duration(value)  # type: ignore[arg-type]
+
+
+Seconds = Annotated[float, BeforeValidator(_seconds)]
+StoreKind = Literal["embedded", "mooncake"]
+MOONCAKE_MEDIA = ("dram", "ssd")  # a Mooncake arm's tiers, named as the KV-tier model labels Mooncake's media
 DTYPE_BYTES = {
     "fp32": 4,
     "float32": 4,
@@ -134,7 +144,38 @@ class TierSpec(_Strict):
         return self
 
 
+class MooncakeSettings(_Strict):
+    """How kvscope runs a real Mooncake store for an arm: the master's flags and the client's environment that
+    decide what is evictable when, and how the requests are paced against the lease."""
+
+    lease_ttl: Seconds = Field(
+        0.05, ge=0, description="-default_kv_lease_ttl: exist and get lease an object this long (unevictable)"
+    )
+    request_interval: Seconds = Field(
+        0.1,
+        ge=0,
+        description="a request starts at least this long after the previous one started; longer than lease_ttl, "
+        "so every earlier request's leases have expired when a put evicts (reproducible runs)",
+    )
+    eviction_high_watermark: float = Field(0.9, gt=0, le=1, description="-eviction_high_watermark_ratio")
+    eviction_ratio: float = Field(0.05, gt=0, le=1, description="-eviction_ratio: share of objects evicted at once")
+    put_retry_budget: Seconds = Field(
+        2.0, ge=0, description="how long a put refused with -200 (no available handle) is retried"
+    )
+    local_buffer: Bytes = Field(16 * 1024**2, gt=0, description="the client's own transfer buffer")
+    offload_heartbeat_s: int = Field(1, ge=1, description="MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS")
+    offload_bucket: Bytes = Field(
+        4 * 1024**2, gt=0, description="MOONCAKE_OFFLOAD_BUCKET_SIZE_LIMIT_BYTES: objects written to disk together"
+    )
+    start_timeout: Seconds = Field(60.0, gt=0, description="how long the master and client may take to be ready")
+
+
 class ArmSpec(_Strict):
+    store: StoreKind = Field(
+        "embedded",
+        description="embedded: kvscope's simulated store; mooncake: a real Mooncake master and store client "
+        "that kvscope starts for the arm (tiers: dram = the global segment, then optionally ssd = SSD offload)",
+    )
     placement: Placement = "replicate"
     promote_on_hit: bool = False
     tiers: list[TierSpec] = Field(min_length=1)
@@ -143,13 +184,49 @@ class ArmSpec(_Strict):
         description="tiers present in the arm's cluster that its store does not use (e.g. an idle NVMe-oF pool): "
         "exported with their counters so a verifier can prove nothing landed there",
     )
+    mooncake: MooncakeSettings | None = Field(None, description="store: mooncake only (defaults when omitted)")
+    mirror: bool = Field(
+        False, description="store: mooncake only: also run the arm on the embedded store, as arm <name>_sim"
+    )
 
     @model_validator(mode="after")
     def _unique_tiers(self) -> ArmSpec:
         names = [tier.name for tier in self.tiers + self.attached]
         if len(set(names)) != len(names):
             raise ValueError(f"tier names must be unique within an arm, got {names}")
+        if self.store == "mooncake":
+            _check_mooncake_arm(self)
+        elif self.mooncake is not None or self.mirror:
+            raise ValueError("mooncake settings and mirror apply to store: mooncake only")
         return self
+
+    @property
+    def mooncake_settings(self) -> MooncakeSettings:
+        return self.mooncake or MooncakeSettings()
+
+    def simulated(self) -> ArmSpec:
+        """The embedded store's model of this arm: the same tiers, placement and attached tiers."""
+        return self.model_copy(update={"store": "embedded", "mooncake": None, "mirror": False})
+
+
+def _check_mooncake_arm(arm: ArmSpec) -> None:
+    """A Mooncake arm's tiers are Mooncake's media, in order; what kvscope cannot set on them is refused."""
+    names = [tier.name for tier in arm.tiers]
+    if names not in (["dram"], ["dram", "ssd"]):
+        raise ValueError(
+            f"a mooncake arm's tiers are dram (the global segment), then optionally ssd (its SSD offload); got {names}"
+        )
+    attached = [tier.name for tier in arm.attached]
+    if attached and (attached != ["ssd"] or len(arm.tiers) != 1):
+        raise ValueError("a mooncake arm can attach only an ssd tier, and only when its tiers are [dram]")
+    for tier in arm.tiers + arm.attached:
+        if tier.backend != "accounting" or tier.path is not None or tier.o_direct or tier.read_bandwidth is not None:
+            raise ValueError(
+                f"tier {tier.name!r}: backend, path, o_direct and read_bandwidth do not apply to Mooncake's media "
+                "(its gets are timed for real)"
+            )
+    if arm.promote_on_hit:
+        raise ValueError("promote_on_hit is not supported with store: mooncake")
 
 
 class GpuCacheSpec(_Strict):
@@ -191,6 +268,28 @@ class Scenario(_Strict):
                 f"({self.workload.block_tokens}): trace hash_ids fix the block size"
             )
         return self
+
+    @model_validator(mode="after")
+    def _mooncake_arms_fit(self) -> Scenario:
+        for name, arm in self.arms.items():
+            if arm.mirror and f"{name}_sim" in self.arms:
+                raise ValueError(f"arm {name!r} is mirrored as {name}_sim, which names another arm")
+            if arm.store == "mooncake" and self.block_bytes > arm.tiers[0].capacity:
+                raise ValueError(
+                    f"arm {name!r}: a block ({self.block_bytes:,} B) is larger than the dram segment "
+                    f"({arm.tiers[0].capacity:,} B): Mooncake could never store it (-200 forever)"
+                )
+        return self
+
+    @property
+    def runnable_arms(self) -> dict[str, ArmSpec]:
+        """The arms to run, in order: each arm, followed by `<name>_sim` where it asks for a mirror."""
+        arms: dict[str, ArmSpec] = {}
+        for name, arm in self.arms.items():
+            arms[name] = arm
+            if arm.mirror:
+                arms[f"{name}_sim"] = arm.simulated()
+        return arms
 
     @property
     def block_tokens(self) -> int:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 from kvscope.tierstore.tier import Evicted, Payload, Tier
 
@@ -39,10 +39,37 @@ Segment = tuple[int, int, int, int]  # (tier index, begin, end, bytes read)
 
 @dataclass(slots=True)
 class PrefixRead:
-    """What a prefix read served: `blocks` consecutive blocks, `read_bytes` from each tier (in tier order)."""
+    """What a prefix read served: `blocks` consecutive blocks, `read_bytes` from each tier (in tier order), and for
+    a real store the seconds its gets took."""
 
     blocks: int
     read_bytes: list[int]
+    seconds: float = 0.0
+
+
+class KVStore(Protocol):
+    """What the engine emulator asks of a store: the embedded TieredStore, or a real one behind a connector
+    (kvscope.tierstore.mooncake.MooncakeStore)."""
+
+    tiers: list[Tier]  # the embedded tiers (a real store has none: its media are observed through its metrics)
+    attached: list[Tier]
+    observed: list  # a real store's latest scrape (exporter target states) behind counters(); empty when embedded
+
+    def read_prefix(self, keys: Sequence[Key], start: int = 0, stop: int | None = None) -> PrefixRead: ...
+
+    def put(self, keys: Sequence[Key], nbytes: int) -> int: ...
+
+    def release(self, keys: Sequence[Key]) -> None: ...
+
+    def load_seconds(self, read: PrefixRead) -> float: ...
+
+    def counters(self) -> dict[str, dict[str, int]]: ...
+
+    def settled_counters(self) -> dict[str, dict[str, int]]: ...
+
+    def report(self) -> dict: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass(slots=True)
@@ -71,6 +98,7 @@ class TieredStore:
             raise ValueError(f"unknown placement {placement!r}: expected one of {', '.join(PLACEMENTS)}")
         self.tiers = list(tiers)
         self.attached = list(attached)  # present but unused: counted and exported, never read or written
+        self.observed: list = []  # counters are read from the tiers themselves, not scraped
         self.placement = placement
         self.promote_on_hit = promote_on_hit
         self._keeps_bytes = any(tier.backend.holds_bytes for tier in self.tiers)
@@ -126,9 +154,25 @@ class TieredStore:
         for tier in self.tiers:
             tier.release(keys)
 
+    def load_seconds(self, read: PrefixRead) -> float:
+        """The cost model's time to load a prefix read: each tier's bytes over its read bandwidth (0 without one)."""
+        return sum(
+            nbytes / tier.read_bandwidth
+            for nbytes, tier in zip(read.read_bytes, self.tiers, strict=True)
+            if nbytes and tier.read_bandwidth
+        )
+
     def counters(self) -> dict[str, dict[str, int]]:
         """A snapshot of every tier's counters, by tier name."""
         return {tier.name: tier.counters.as_dict() for tier in self.tiers + self.attached}
+
+    def settled_counters(self) -> dict[str, dict[str, int]]:
+        """The counters at the end of a run: nothing works in the background here, so the current ones."""
+        return self.counters()
+
+    def report(self) -> dict:
+        """What the A/B contract says of the store besides its counters."""
+        return {"kind": "embedded"}
 
     def close(self) -> None:
         for tier in self.tiers + self.attached:

@@ -3,8 +3,8 @@
 It hangs off the scrape loop (`Scraper(on_scrape=...)`), so a recording sees exactly the raw and normalized samples
 the Prometheus endpoint and OTLP see. Two drivers:
 - `record()`: a cluster from an exporter configuration, for a duration or until SIGINT/SIGTERM;
-- `ABRecorder`: an embedded A/B, one run per arm, scraped before the first round and after every round, so the
-  verifier can cut the recording into rounds.
+- `ABRecorder`: an A/B, one run per arm, recorded before the first round, after every round and at the end, so
+  the verifier can cut the recording into rounds.
 Batches are committed when full and at least every `flush_s` seconds, so a killed recorder loses little.
 """
 
@@ -22,6 +22,7 @@ from kvscope.exporters.config import ExporterConfig
 from kvscope.exporters.scrape import Scraper, TargetState
 from kvscope.exporters.tierstore import TierstoreTargetConfig
 from kvscope.tierstore import scenario as spec
+from kvscope.tierstore.ab import ArmRun
 from kvscope.verifier.db import Database, Run, SampleWriter
 
 
@@ -92,16 +93,19 @@ async def record(
 class _ArmRecording:
     run: Run
     writer: SampleWriter
+    sink: _Sink
     scraper: Scraper
     target: str
 
 
 class ABRecorder:
-    """Records an embedded A/B through the `tierstore` exporter source: one run per arm, `<prefix><arm>`.
+    """Records an A/B as it runs (an ArmListener of kvscope.tierstore.ab): one run per arm, `<prefix><arm>`.
 
-    `arm_started(arm)` opens the arm's run and takes its round-0 scrape, `round_done(arm, row)` one scrape per
-    round (raw and normalized, as any exporter target), each committed at once so a killed A/B keeps every round
-    it finished; `finish()` closes every arm. Arms may be recorded one after the other or interleaved.
+    Each arm's engine is read through the `tierstore` exporter source, and a real store's own targets (Mooncake's
+    master and client) are recorded from the very scrape the arm's figures were taken from. `arm_started` opens
+    the arm's run (its config keeps the scenario and the store's settings, flags and sockets) and records round 0,
+    `round_done` each round, `arm_ended` the end (a real store once its background work settled), each committed
+    at once so a killed A/B keeps every round it finished; `finish()` closes every arm.
     """
 
     def __init__(
@@ -113,26 +117,37 @@ class ABRecorder:
         store_names: Callable[[str], str] | None = None,
     ) -> None:
         self.prefix = prefix
-        for arm in scenario.arms:  # refuse before simulating anything
+        for arm in scenario.runnable_arms:  # refuse before running anything
             db.require_new_run(prefix + arm)
         self.db, self.scenario, self.source = db, scenario, source
         self._store_name = store_names or (lambda arm: f"{scenario.name}/{arm}")
         self.runs: list[Run] = []
         self._arms: dict[str, _ArmRecording] = {}
 
-    def arm_started(self, arm: str) -> None:
-        target = TierstoreTargetConfig(name=f"tierstore-{arm}", source="tierstore", stores=[self._store_name(arm)])
-        config = {"scenario": self.scenario.model_dump(mode="json"), "scenario_file": str(self.source or "")}
-        run, writer = _start_run(
-            self.db, self.prefix + arm, [target], origin="ab", arm=arm, scenario=self.scenario.name, config=config
+    def arm_started(self, arm: ArmRun) -> None:
+        target = TierstoreTargetConfig(
+            name=f"tierstore-{arm.name}", source="tierstore", stores=[self._store_name(arm.name)]
         )
-        scraper = Scraper([target], on_scrape=_Sink(writer, flush_s=float("inf")))
-        self._arms[arm] = _ArmRecording(run, writer, scraper, target.name)
+        config = {
+            "scenario": self.scenario.model_dump(mode="json"),
+            "scenario_file": str(self.source or ""),
+            "store": arm.store.report(),
+        }
+        targets = [target, *(state.config for state in arm.observed)]
+        run, writer = _start_run(
+            self.db, self.prefix + arm.name, targets, origin="ab", arm=arm.name, scenario=self.scenario.name,
+            config=config,
+        )  # fmt: skip
+        sink = _Sink(writer, flush_s=float("inf"))
+        self._arms[arm.name] = _ArmRecording(run, writer, sink, Scraper([target], on_scrape=sink), target.name)
         self.runs.append(run)
-        self._scrape(arm)
+        self._record(arm)
 
-    def round_done(self, arm: str, _row: dict) -> None:
-        self._scrape(arm)
+    def round_done(self, arm: ArmRun, _row: dict) -> None:
+        self._record(arm)
+
+    def arm_ended(self, arm: ArmRun) -> None:
+        self._record(arm)
 
     def finish(self) -> None:
         """Close every arm being recorded (each round is already committed)."""
@@ -141,11 +156,13 @@ class ABRecorder:
             self.db.finish_run(recording.run)
         self._arms.clear()
 
-    def _scrape(self, arm: str) -> None:
-        recording = self._arms.get(arm)
+    def _record(self, arm: ArmRun) -> None:
+        recording = self._arms.get(arm.name)
         if recording is None:
-            raise RuntimeError(f"ABRecorder: arm {arm!r} finished a round before it started")
+            raise RuntimeError(f"ABRecorder: arm {arm.name!r} finished a round before it started")
         state = asyncio.run(recording.scraper.scrape(recording.target))
         if not state.up:
             raise RuntimeError(f"recording the A/B: {state.last_error}")
+        for observed in arm.observed:
+            recording.sink(observed)
         recording.writer.flush()

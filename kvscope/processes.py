@@ -1,0 +1,195 @@
+"""Processes kvscope starts and owns (a Mooncake master and store client per A/B arm, later engines): started on
+127.0.0.1 with free ports, killed by the kernel if kvscope dies (kvscope.procguard), stopped in order, their logs
+kept for the error message of a failed start, and their listening sockets read from the kernel's socket table.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+HOST = "127.0.0.1"
+T = TypeVar("T")
+
+
+class ProcessError(RuntimeError):
+    """A process kvscope started failed to start or died; the message names it and ends with its log's tail."""
+
+
+def free_port(host: str = HOST) -> int:
+    """A TCP port of `host` that nothing listens on just now."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def port_listens(port: int, host: str = HOST) -> bool:
+    """Whether a TCP connect to host:port succeeds (something accepts there)."""
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+class OwnedProcess:
+    """One child program: dies with kvscope (parent-death signal), runs in its own session (a terminal's Ctrl-C
+    reaches kvscope, which stops it in order), writes stdout and stderr to `log`."""
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        log: Path,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+        pipe_stdin: bool = False,
+        pipe_stdout: bool = False,
+    ) -> None:
+        self.name, self.argv, self.log = name, list(argv), log
+        guard = [sys.executable, "-m", "kvscope.procguard", str(os.getpid()), "--"]
+        self._log_file = log.open("ab")
+        try:
+            self.popen = subprocess.Popen(
+                guard + self.argv,
+                stdin=subprocess.PIPE if pipe_stdin else subprocess.DEVNULL,
+                stdout=subprocess.PIPE if pipe_stdout else self._log_file,
+                stderr=self._log_file,
+                env=dict(env) if env is not None else None,
+                cwd=cwd,
+                start_new_session=True,
+            )
+        except OSError as error:
+            self._log_file.close()
+            raise ProcessError(f"{name}: cannot start {self.argv[0]}: {error.strerror}") from None
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def check_alive(self) -> None:
+        """ProcessError with the log's tail if the process has exited."""
+        if not self.alive():
+            raise ProcessError(f"{self.name} exited with status {self.popen.returncode}\n{self.tail()}")
+
+    def tail(self, lines: int = 20) -> str:
+        """The last lines of the log, for error messages."""
+        self._log_file.flush()
+        try:
+            text = self.log.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(f"  | {line}" for line in text.splitlines()[-lines:])
+
+    def stop(self, timeout_s: float = 10.0) -> int:
+        """SIGTERM, then SIGKILL after `timeout_s`; the exit status. Safe to call twice."""
+        if self.alive():
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(timeout_s)
+        for stream in (self.popen.stdin, self.popen.stdout):
+            if stream:
+                stream.close()
+        self._log_file.close()
+        return self.popen.returncode
+
+    def listening(self) -> list[Listener]:
+        """The TCP sockets this process listens on, now."""
+        return listening_sockets(self.pid)
+
+
+def wait_until(check: Callable[[], T], what: str, timeout_s: float, watch: Sequence[OwnedProcess] = ()) -> T:
+    """Poll `check` until it returns something truthy; ProcessError naming `what` after `timeout_s`, or as soon as
+    one of `watch` exits (with that process's log)."""
+    deadline = time.monotonic() + timeout_s
+    delay = 0.01
+    while True:
+        for process in watch:
+            process.check_alive()
+        found = check()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            logs = "\n".join(f"{process.name}:\n{process.tail()}" for process in watch)
+            raise ProcessError(f"timed out after {timeout_s:g} s waiting for {what}\n{logs}".rstrip())
+        time.sleep(delay)
+        delay = min(delay * 2, 0.2)
+
+
+# ------------------------------------------------------------------------------------------------ socket table
+
+
+@dataclass(frozen=True, slots=True)
+class Listener:
+    """A listening TCP socket: its address as the kernel shows it ("127.0.0.1", "0.0.0.0", "::") and port."""
+
+    address: str
+    port: int
+
+    @property
+    def loopback_only(self) -> bool:
+        return self.address.startswith("127.") or self.address == "::1"
+
+    def __str__(self) -> str:
+        return f"[{self.address}]:{self.port}" if ":" in self.address else f"{self.address}:{self.port}"
+
+
+_LISTEN = "0A"
+
+
+def listening_sockets(pid: int) -> list[Listener]:
+    """The TCP sockets process `pid` listens on, from /proc/net/tcp{,6} and its open file descriptors (all of its
+    threads share them). Empty when the process is gone."""
+    inodes = _socket_inodes(pid)
+    if not inodes:
+        return []
+    found = []
+    for table, family in (("/proc/net/tcp", socket.AF_INET), ("/proc/net/tcp6", socket.AF_INET6)):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 9 and fields[3] == _LISTEN and fields[9] in inodes:
+                address, port = fields[1].split(":")
+                found.append(Listener(_address(address, family), int(port, 16)))
+    return sorted(set(found), key=lambda listener: listener.port)
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    try:
+        entries = os.scandir(f"/proc/{pid}/fd")
+    except OSError:
+        return inodes
+    with entries:
+        for entry in entries:
+            try:
+                target = os.readlink(entry.path)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    return inodes
+
+
+def _address(hex_address: str, family: int) -> str:
+    """The kernel prints addresses as host-order 32-bit words in hex."""
+    raw = bytes.fromhex(hex_address)
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    return socket.inet_ntop(family, words)
