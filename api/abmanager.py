@@ -20,7 +20,7 @@ from kvscope.api.alerts import PREDICTED, AlertBook, ArmWatch, evaluate_round
 from kvscope.tierstore.ab import ArmRun, observed_collapse_round
 from kvscope.tierstore.live import ENGINES
 from kvscope.tierstore.planner import Plan, plan
-from kvscope.tierstore.scenario import Scenario
+from kvscope.tierstore.scenario import ArmSpec, Scenario
 from kvscope.verifier.criteria import CriteriaError, CriteriaFile, evaluate, load_criteria
 from kvscope.verifier.db import Database
 from kvscope.verifier.evidence import record_verdict
@@ -29,10 +29,19 @@ from kvscope.verifier.recorder import ABRecorder
 Status = Literal["running", "finished", "stopped", "failed"]
 
 
+class Busy(RuntimeError):
+    """The service runs as many A/Bs of this kind as it allows; the message says how many."""
+
+
+def _uses_real_store(scenario: Scenario) -> bool:
+    return any(arm.store != "embedded" for arm in scenario.arms.values())
+
+
 @dataclass
 class ArmState:
     run: str
     prediction: dict
+    store: str  # which store serves the arm: embedded, mooncake, or "embedded (mirror of <arm>)"
     rows: list[dict] = field(default_factory=list)
     observed_collapse_round: int | None = None
 
@@ -65,6 +74,7 @@ class ABTest:
             "arms": {
                 name: {
                     "run": arm.run,
+                    "store": arm.store,
                     "rounds_done": len(arm.rows),
                     "prediction": arm.prediction,
                     "observed_collapse_round": arm.observed_collapse_round,
@@ -84,11 +94,14 @@ class ABManager:
         workdir: Path,
         criteria_files: list[Path] | None = None,
         retain_s: float = 300.0,
+        max_real_store: int = 1,
     ) -> None:
         self.db, self.alerts, self.workdir = db, alerts, workdir
+        self.max_real_store = max_real_store  # A/Bs with real-store arms at once: each starts processes
         self.retain_s = retain_s  # a finished test's engines stay exported this long, then are withdrawn
         self._withdrawals: list[threading.Timer] = []
-        self.criteria = [load_criteria(path) for path in criteria_files or []]  # bad files fail at start-up
+        # bad files fail at start-up; a test binds their params again for its own store (see _criteria_for)
+        self.criteria = {path: load_criteria(path) for path in criteria_files or []}
         self._tests: dict[str, ABTest] = {}
         self._lock = threading.Lock()
         self._ids = itertools.count(self._first_free_id())
@@ -103,10 +116,17 @@ class ABManager:
         """Plan the test, record its arms' round 0, and run the rest in a background thread."""
         the_plan = plan(scenario)
         with self._lock:
+            if _uses_real_store(scenario):
+                running = sum(1 for t in self._tests.values() if t.status == "running" and _uses_real_store(t.scenario))
+                if running >= self.max_real_store:
+                    raise Busy(
+                        f"{running} A/B test(s) with real-store arms already running (the service runs "
+                        f"{self.max_real_store} at a time); try again when it has ended"
+                    )
             test = ABTest(f"ab-{next(self._ids)}", scenario, rounds_per_minute, len(the_plan.rounds))
             self._tests[test.id] = test
-        for name in scenario.arms:
-            test.arms[name] = ArmState(f"{test.id}/{name}", the_plan.arm_json(name))
+        for name, arm in scenario.runnable_arms.items():
+            test.arms[name] = ArmState(f"{test.id}/{name}", the_plan.arm_json(name), _store_of(name, arm, scenario))
         test.thread = threading.Thread(target=self._run, args=(test, the_plan), name=test.id, daemon=True)
         test.thread.start()
         return test
@@ -152,9 +172,9 @@ class ABManager:
         try:
             recorder = ABRecorder(db, test.scenario, prefix=f"{test.id}/", store_names=lambda arm: f"{test.id}/{arm}")
             workdir = self.workdir / test.id
-            for name in test.scenario.arms:
+            for name in test.scenario.runnable_arms:
                 arms[name] = ArmRun(test.scenario, name, the_plan, workdir, published_as=f"{test.id}/{name}")
-                recorder.arm_started(name)
+                recorder.arm_started(arms[name])
             self._predicted(test, the_plan, firing=True)
             self._serve(test, arms, recorder)
         except Exception as error:  # a failed test reports why; the service keeps running
@@ -184,12 +204,14 @@ class ABManager:
                 row = arm.step()
                 if row is None:
                     del active[name]
+                    arm.finish()
+                    recorder.arm_ended(arm)
                     continue
-                recorder.round_done(name, row)
+                recorder.round_done(arm, row)
                 state = test.arms[name]
                 state.rows.append(row)
                 state.observed_collapse_round = observed_collapse_round(state.rows, tolerance)
-                top = arm.store.tiers[0]
+                top = arm.spec.tiers[0]
                 labels = {"ab": test.id, "arm": name, "scenario": test.scenario.name, "tier": top.name}
                 evaluate_round(self.alerts, labels, watches[name], row, top.name, top.capacity, 1 - tolerance)
             if active and pause:
@@ -213,8 +235,7 @@ class ABManager:
     def _judge(self, db: Database, test: ABTest) -> list[dict]:
         """Verdicts of the criteria whose roles are all arms of this test: no_collapse per arm, plus the
         configured files (e.g. criteria/media.yaml when the arms are dram_only and tiered)."""
-        files = [_no_collapse_per_arm(test)]
-        files += [spec for spec in self.criteria if set(spec.runs) <= set(test.arms)]
+        files = [_no_collapse_per_arm(test)] + self._criteria_for(test)
         verdicts = []
         for spec in files:
             runs = spec.bind(db, [test.arms[role].run for role in spec.runs])
@@ -234,6 +255,22 @@ class ABManager:
                     }
                 )
         return verdicts
+
+
+    def _criteria_for(self, test: ABTest) -> list[CriteriaFile]:
+        """The configured files whose roles are all arms of the test; on real Mooncake arms the lower tier a file
+        names by `lower_tier` is Mooncake's SSD tier."""
+        real = any(arm.store == "mooncake" for arm in test.scenario.arms.values())
+        chosen = []
+        for path, spec in self.criteria.items():
+            if not set(spec.runs) <= set(test.arms):
+                continue
+            chosen.append(load_criteria(path, {"lower_tier": "ssd"}) if real and "lower_tier" in spec.params else spec)
+        return chosen
+
+
+def _store_of(name: str, arm: ArmSpec, scenario: Scenario) -> str:
+    return arm.store if name in scenario.arms else f"embedded (mirror of {name.removesuffix('_sim')})"
 
 
 def _no_collapse_per_arm(test: ABTest) -> CriteriaFile:

@@ -1,5 +1,6 @@
 """Scenarios as the API accepts them: the YAML schema as JSON, minus what would touch the server's files or take
-it down: a bounded amount of simulated work, and real-bytes tiers (memory, file) of bounded size."""
+it down: a bounded amount of simulated work, real-bytes tiers (memory, file) of bounded size, and real Mooncake
+arms of bounded size and duration."""
 
 from __future__ import annotations
 
@@ -10,6 +11,12 @@ from kvscope.tierstore.scenario import Scenario
 MAX_BLOCK_LOOKUPS = 50_000_000  # about a minute of simulation per arm; long_output is 1.6 M
 MAX_REQUESTS = 1_000_000  # sessions x rounds: each request is an object and a pass of the engine
 MAX_REAL_BYTES = 2 * 1024**3  # memory and file backends hold real bytes
+# A real Mooncake arm holds its segment in memory and its SSD tier on the service's disk, and paces its requests
+# (request_interval): bound both, and the requests, so one A/B takes minutes, not hours.
+MAX_MOONCAKE_SEGMENT = 1024**3
+MAX_MOONCAKE_SSD = 4 * 1024**3
+MAX_MOONCAKE_REQUESTS = 2_000  # sessions x rounds
+MAX_MOONCAKE_INTERVAL_S = 1.0
 
 
 def accept(scenario: Scenario) -> Scenario:
@@ -30,10 +37,33 @@ def accept(scenario: Scenario) -> Scenario:
             if tier.backend != "accounting" and tier.capacity > MAX_REAL_BYTES:
                 limit = f"a {tier.backend} tier holds real bytes: at most {MAX_REAL_BYTES:,} B over the API"
                 problems.append(("arms", arm_name, "tiers", tier.name, "capacity", limit))
+    problems += _real_store_limits(scenario)
     if problems:
         detail = [{"loc": ["body", "scenario", *p[:-1]], "msg": p[-1], "type": "value_error"} for p in problems]
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail)
     return scenario
+
+
+def _real_store_limits(scenario: Scenario) -> list[tuple]:
+    """Mooncake arms: segment and SSD sizes, requests and pacing within what the service runs."""
+    problems: list[tuple] = []
+    for name, arm in scenario.arms.items():
+        if arm.store != "mooncake":
+            continue
+        limits = {"dram": MAX_MOONCAKE_SEGMENT, "ssd": MAX_MOONCAKE_SSD}
+        for tier in arm.tiers + arm.attached:
+            if tier.capacity > limits[tier.name]:
+                msg = f"a mooncake {tier.name} tier is at most {limits[tier.name]:,} B over the API"
+                problems.append(("arms", name, "tiers", tier.name, "capacity", msg))
+        interval = arm.mooncake_settings.request_interval
+        if interval > MAX_MOONCAKE_INTERVAL_S:
+            msg = f"at most {MAX_MOONCAKE_INTERVAL_S:g} s between requests over the API"
+            problems.append(("arms", name, "mooncake", "request_interval", msg))
+        w = scenario.workload
+        if w.kind == "multi_round" and w.sessions * w.rounds > MAX_MOONCAKE_REQUESTS:
+            msg = f"{w.sessions * w.rounds:,} requests on a real store; the service runs at most {MAX_MOONCAKE_REQUESTS:,}"
+            problems.append(("workload", msg))
+    return problems
 
 
 def _too_much_work(scenario: Scenario) -> list[tuple]:

@@ -27,6 +27,9 @@ class Settings(BaseSettings):
     targets: Path | None = Field(None, description="exporter configuration of live clusters to scrape and watch")
     scrape_interval_s: float = Field(5.0, gt=0, description="how often the published A/B engines are scraped")
     ab_retain_s: float = Field(300.0, ge=0, description="an ended A/B's engines stay on /metrics this long")
+    max_real_store_ab: int = Field(
+        1, ge=0, description="A/Bs with real-store arms (Mooncake processes) running at once; 0 refuses them"
+    )
     alertmanager_url: str | None = Field(None, description="forward alerts to this Alertmanager (/api/v2/alerts)")
     alert_resend_s: float = Field(30.0, gt=0, description="re-send active alerts this often (Alertmanager expires)")
     dashboards_dir: Path = Field(

@@ -55,6 +55,9 @@ def verify(
     db: DbPath,
     criteria: Annotated[Path, typer.Option("--criteria", help="criteria YAML (see criteria/media.yaml)")],
     run: Annotated[list[str], typer.Option("--run", help="a recorded run, once per role of the criteria, in order")],
+    param: Annotated[
+        list[str] | None, typer.Option("--param", help="NAME=VALUE: bind one of the criteria's params (repeat)")
+    ] = None,
     json_out: JsonOut = None,
 ) -> None:
     """Judge recorded runs against machine criteria; store each verdict with its evidence.
@@ -70,7 +73,7 @@ def verify(
     if not db.exists():
         raise fail(f"{db}: no such verifier database")
     try:
-        spec = load_criteria(criteria)
+        spec = load_criteria(criteria, _params(param or []))
         database = Database(db)
         runs = spec.bind(database, run)
     except VerifierError as error:
@@ -98,6 +101,17 @@ def verify(
     if problems:
         raise typer.Exit(2)
     raise typer.Exit(0 if all(v.passed for v in verdicts) else 1)
+
+
+def _params(pairs: list[str]) -> dict[str, str]:
+    """`--param NAME=VALUE` options as a mapping; a malformed one is an input error naming it."""
+    params = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise fail(f"--param {pair!r}: expected NAME=VALUE, e.g. lower_tier=ssd")
+        params[name] = value
+    return params
 
 
 @evidence_app.command("export")

@@ -413,6 +413,11 @@ Criterion = Annotated[
 
 class CriteriaFile(_Strict):
     runs: list[str] = Field(min_length=1, description="roles, bound in order to `kvscope verify --run` arguments")
+    params: dict[str, str] = Field(
+        default_factory=dict,
+        description="names a criterion's strings refer to as {name} (e.g. a tier), with their defaults; "
+        "`kvscope verify --param name=value` binds another value. Holds the values bound.",
+    )
     criteria: list[Criterion] = Field(min_length=1)
 
     @model_validator(mode="after")
@@ -436,12 +441,35 @@ class CriteriaFile(_Strict):
         return {role: db.run(name) for role, name in zip(self.runs, run_names, strict=True)}
 
 
-def load_criteria(path: Path) -> CriteriaFile:
+def load_criteria(path: Path, params: Mapping[str, str] | None = None) -> CriteriaFile:
+    """A criteria file with its `params` bound: the file's defaults, overridden by `params` (names the file does
+    not declare are an error), written into every string of its criteria before they are validated."""
     data = read_yaml(path, "criteria", CriteriaError)
+    if isinstance(data, dict) and isinstance(data.get("params", {}), dict):
+        declared = {str(k): str(v) for k, v in data.get("params", {}).items()}
+        unknown = sorted(set(params or {}) - set(declared))
+        if unknown:
+            known = ", ".join(declared) or "none"
+            raise CriteriaError(f"{path}: no parameter {unknown[0]!r} to bind (the file declares: {known})")
+        bound = declared | dict(params or {})
+        data = {**data, "params": bound, "criteria": _substitute(data.get("criteria"), bound)}
     try:
         return CriteriaFile.model_validate(data)
     except ValidationError as error:
         raise CriteriaError("\n".join(describe(error, str(path), "criteria"))) from None
+
+
+def _substitute(value: object, params: Mapping[str, str]) -> object:
+    """`{name}` replaced by its bound value in every string of a parsed YAML tree."""
+    if isinstance(value, str):
+        for name, bound in params.items():
+            value = value.replace("{" + name + "}", bound)
+        return value
+    if isinstance(value, list):
+        return [_substitute(item, params) for item in value]
+    if isinstance(value, dict):
+        return {key: _substitute(item, params) for key, item in value.items()}
+    return value
 
 
 @dataclass(frozen=True, slots=True)

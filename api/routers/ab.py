@@ -1,10 +1,11 @@
-"""Live A/B tests of tier layouts on the embedded store."""
+"""Live A/B tests of tier layouts, on the embedded store or a real Mooncake."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, status
 from pydantic import BaseModel, ConfigDict, Field
 
+from kvscope.api.abmanager import Busy
 from kvscope.api.deps import Authorized, ServicesDep
 from kvscope.api.scenarios import accept
 from kvscope.tierstore.scenario import Scenario
@@ -27,7 +28,10 @@ class ABRequest(BaseModel):
 @router.post("", status_code=status.HTTP_201_CREATED, dependencies=[Authorized])
 def start_ab(body: ABRequest, services: ServicesDep) -> dict:
     """Start every arm of the scenario in the background; recorded into the database, exported live."""
-    test = services.ab.start(accept(body.scenario), body.rounds_per_minute)
+    try:
+        test = services.ab.start(accept(body.scenario), body.rounds_per_minute)
+    except Busy as busy:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(busy)) from None
     return test.as_json(rows=False)
 
 
