@@ -235,7 +235,7 @@ class ABManager:
     def _judge(self, db: Database, test: ABTest) -> list[dict]:
         """Verdicts of the criteria whose roles are all arms of this test: no_collapse per arm, plus the
         configured files (e.g. criteria/media.yaml when the arms are dram_only and tiered)."""
-        files = [_no_collapse_per_arm(test)] + self._criteria_for(test)
+        files = [_no_collapse_per_arm(test), *self._criteria_for(test)]
         verdicts = []
         for spec in files:
             runs = spec.bind(db, [test.arms[role].run for role in spec.runs])
@@ -255,7 +255,6 @@ class ABManager:
                     }
                 )
         return verdicts
-
 
     def _criteria_for(self, test: ABTest) -> list[CriteriaFile]:
         """The configured files whose roles are all arms of the test; on real Mooncake arms the lower tier a file

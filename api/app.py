@@ -50,7 +50,10 @@ def create_app(settings: Settings | None = None, on_started: Callable[[Services]
         db = Database(settings.db)
         book = AlertBook()
         services = Services(
-            settings, db, book, ABManager(db, book, settings.workdir, settings.criteria, settings.ab_retain_s, settings.max_real_store_ab)
+            settings,
+            db,
+            book,
+            ABManager(db, book, settings.workdir, settings.criteria, settings.ab_retain_s, settings.max_real_store_ab),
         )
         app.state.services = services
         collector = ServiceCollector(services)

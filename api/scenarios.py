@@ -61,7 +61,8 @@ def _real_store_limits(scenario: Scenario) -> list[tuple]:
             problems.append(("arms", name, "mooncake", "request_interval", msg))
         w = scenario.workload
         if w.kind == "multi_round" and w.sessions * w.rounds > MAX_MOONCAKE_REQUESTS:
-            msg = f"{w.sessions * w.rounds:,} requests on a real store; the service runs at most {MAX_MOONCAKE_REQUESTS:,}"
+            requests = w.sessions * w.rounds
+            msg = f"{requests:,} requests on a real store; the service runs at most {MAX_MOONCAKE_REQUESTS:,}"
             problems.append(("workload", msg))
     return problems
 

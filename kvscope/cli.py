@@ -131,9 +131,10 @@ def ab_run(
     ] = None,
     db: Annotated[
         Path | None,
-        typer.Option("--db", help="record every arm through the exporters into this verifier database, as runs "
-                     "<scenario>/<arm>"),
-    ] = None,  # fmt: skip
+        typer.Option(
+            "--db", help="record every arm through the exporters into this verifier database, as runs <scenario>/<arm>"
+        ),
+    ] = None,
 ) -> None:
     """Run every arm of SCENARIO on its store (embedded, or a real Mooncake) and print the rounds side by side."""
     from kvscope.processes import ProcessError

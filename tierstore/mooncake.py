@@ -425,4 +425,3 @@ def _sweep_stale_directories() -> None:
             continue
         if not Path(f"/proc/{owner}").exists():
             shutil.rmtree(directory, ignore_errors=True)
-

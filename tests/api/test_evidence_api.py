@@ -46,7 +46,7 @@ def record(folder: Path) -> tuple[Path, dict]:
     assert result.exit_code == 0, result.output
     result = runner.invoke(
         cli, ["verify", "--db", str(db), "--criteria", str(ROOT / "criteria" / "media.yaml"),
-              "--run", "dram_only", "--run", "tiered", "--json", str(report)],
+              "--run", "media/dram_only", "--run", "media/tiered", "--json", str(report)],
     )  # fmt: skip
     assert result.exit_code == 1, result.output  # nof_delta_zero fails
     return db, json.loads(report.read_text())
@@ -85,11 +85,11 @@ def run_id(client: TestClient, name: str) -> int:
     return query(client, "SELECT run_id FROM runs WHERE name = ?", [name])[0][0]
 
 
-def samples_url(client: TestClient, run: str = "dram_only") -> str:
+def samples_url(client: TestClient, run: str = "media/dram_only") -> str:
     return f"/api/v1/runs/{run_id(client, run)}/samples"
 
 
-def get_samples(client: TestClient, run: str = "dram_only", **params: object):
+def get_samples(client: TestClient, run: str = "media/dram_only", **params: object):
     return client.get(samples_url(client, run), params={"metric": WRITTEN, **params})
 
 
@@ -116,7 +116,7 @@ def assert_named(response, status: int, field: str) -> None:
 
 def test_runs_are_listed_newest_first_with_counts_that_match_the_database(client):
     runs = client.get("/api/v1/runs").json()
-    assert {run["name"] for run in runs} == {"dram_only", "tiered"}
+    assert {run["name"] for run in runs} == {"media/dram_only", "media/tiered"}
     assert [run["started_at"] for run in runs] == sorted((run["started_at"] for run in runs), reverse=True)
     for run in runs:
         [(series, samples)] = query(
@@ -132,10 +132,10 @@ def test_runs_are_listed_newest_first_with_counts_that_match_the_database(client
 @pytest.mark.parametrize(
     ("params", "names"),
     [
-        ({"origin": "ab"}, {"dram_only", "tiered"}),
+        ({"origin": "ab"}, {"media/dram_only", "media/tiered"}),
         ({"origin": "prometheus"}, set()),
-        ({"arm": "tiered"}, {"tiered"}),
-        ({"scenario": "media", "name_prefix": "dram"}, {"dram_only"}),
+        ({"arm": "tiered"}, {"media/tiered"}),
+        ({"scenario": "media", "name_prefix": "media/dram"}, {"media/dram_only"}),
         ({"scenario": "other"}, set()),
         ({"name_prefix": "%"}, set()),  # a prefix, not a LIKE pattern
         *[({"name_prefix": attempt}, set()) for attempt in INJECTIONS],
@@ -148,8 +148,8 @@ def test_run_filters_all_hold(client, params, names):
 
 
 def test_one_run_has_its_targets_config_and_series_summary(client):
-    run = client.get(f"/api/v1/runs/{run_id(client, 'tiered')}").json()
-    assert run["name"] == "tiered" and run["config"]["scenario"]["name"] == "media"
+    run = client.get(f"/api/v1/runs/{run_id(client, 'media/tiered')}").json()
+    assert run["name"] == "media/tiered" and run["config"]["scenario"]["name"] == "media"
     assert [(t["target"], t["source"]) for t in run["targets"]] == [("tierstore-tiered", "tierstore")]
     assert run["targets"][0]["config"]["stores"] == ["media/tiered"]
     summary = {(s["name"], s["normalized"]): s for s in run["series_summary"]}
@@ -173,7 +173,7 @@ def test_verdicts_carry_the_evidence_verify_reported(recorded):
     for reported in report["verdicts"]:
         verdict = client.get(f"/api/v1/verdicts/{reported['verdict_id']}").json()
         assert verdict["document"] == reported["document"] and verdict["digest"] == reported["digest"]
-        assert verdict["runs"] == {"dram_only": "dram_only", "tiered": "tiered"}
+        assert verdict["runs"] == {"dram_only": "media/dram_only", "tiered": "media/tiered"}
     summaries = {v["criterion"]: v["summary"] for v in listed["verdicts"]}
     assert summaries["nof_delta_zero"].startswith("failed:")
 
@@ -184,7 +184,7 @@ def test_verdicts_carry_the_evidence_verify_reported(recorded):
         ({"passed": "false"}, {"nof_delta_zero"}),
         ({"passed": "true", "kind": "parity"}, {"save_parity", "load_parity"}),
         ({"criterion": "both_tiers_written"}, {"both_tiers_written"}),
-        ({"run": "tiered"}, {"save_parity", "load_parity", "nof_delta_zero", "both_tiers_written"}),
+        ({"run": "media/tiered"}, {"save_parity", "load_parity", "nof_delta_zero", "both_tiers_written"}),
         ({"run": "nope"}, set()),
         ({"since": 0}, {"save_parity", "load_parity", "nof_delta_zero", "both_tiers_written"}),
         ({"since": 4e9}, set()),
@@ -241,8 +241,8 @@ def parquet_rows(content: bytes, folder: Path) -> list[tuple]:
 
 def test_json_csv_and_parquet_agree_with_each_other_and_the_database(client, tmp_path):
     as_json = get_samples(client).json()
-    assert as_json["run"] == "dram_only" and as_json["metric"] == WRITTEN and as_json["next_offset"] is None
-    assert as_json["samples"] == in_database(client, "dram_only", WRITTEN) != []
+    assert as_json["run"] == "media/dram_only" and as_json["metric"] == WRITTEN and as_json["next_offset"] is None
+    assert as_json["samples"] == in_database(client, "media/dram_only", WRITTEN) != []
     series = {s["series_id"]: s for s in as_json["series"]}
     assert {s["labels"]["tier"] for s in series.values()} == {"dram", "nof"}
     assert {s["target"] for s in series.values()} == {"tierstore-dram_only"}
@@ -294,7 +294,9 @@ def test_label_matchers_select_series_and_an_empty_value_matches_a_missing_label
 def test_raw_selects_the_exporters_series(client):
     assert get_samples(client, raw="true").json()["series"] == []
     raw = get_samples(client, metric="tierstore_tier_written_bytes_total", raw="true").json()
-    assert raw["samples"] == in_database(client, "dram_only", "tierstore_tier_written_bytes_total", normalized=False)
+    assert raw["samples"] == in_database(
+        client, "media/dram_only", "tierstore_tier_written_bytes_total", normalized=False
+    )
 
 
 def test_start_and_end_bound_the_samples_inclusively(client):

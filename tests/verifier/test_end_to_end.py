@@ -45,15 +45,15 @@ def record(tmp_path: Path, spec: dict) -> Path:
     path.write_text(yaml.safe_dump(spec))
     result = runner.invoke(app, ["ab", "run", str(path), "--db", str(db)])
     assert result.exit_code == 0, result.output
-    assert "recorded runs dram_only, tiered" in result.output
+    assert "recorded runs media/dram_only, media/tiered" in result.output
     return db
 
 
 def verify(db: Path, criteria: Path, tmp_path: Path) -> tuple[int, dict]:
     out = tmp_path / "verdicts.json"
     result = runner.invoke(
-        app, ["verify", "--db", str(db), "--criteria", str(criteria), "--run", "dram_only", "--run", "tiered",
-              "--json", str(out)],
+        app, ["verify", "--db", str(db), "--criteria", str(criteria), "--run", "media/dram_only",
+              "--run", "media/tiered", "--json", str(out)],
     )  # fmt: skip
     assert result.exit_code in (0, 1), result.output
     return result.exit_code, json.loads(out.read_text())
@@ -75,7 +75,8 @@ def test_a_load_that_does_not_collapse_passes_the_four_published_criteria(tmp_pa
     written = {row["tier"]: row for row in verdicts["both_tiers_written"]["observed"]}
     assert set(written) == {"dram", "nof"} and written["nof"]["written"] >= written["nof"]["logical"] == 0
     nof = verdicts["nof_delta_zero"]["observed"][0]
-    assert (nof["labels"]["tier"], nof["delta"], nof["samples"]) == ("nof", 0, 7)  # round 0 + 6 rounds, all 0 B
+    # round 0, 6 rounds and the end, all 0 B
+    assert (nof["labels"]["tier"], nof["delta"], nof["samples"]) == ("nof", 0, 8)
 
 
 def test_a_dram_only_store_that_also_writes_nof_fails_zero_delta_naming_the_bytes(tmp_path):
@@ -128,4 +129,4 @@ def test_recording_refuses_a_run_name_already_in_the_file_before_simulating(tmp_
     again.write_text(yaml.safe_dump(scenario({"attached": [NOF]}, rounds=2)))
     result = runner.invoke(app, ["ab", "run", str(again), "--db", str(db)])
     assert result.exit_code == 2
-    assert "a run named 'dram_only' is already recorded" in " ".join(result.output.split())
+    assert "a run named 'media/dram_only' is already recorded" in " ".join(result.output.split())
