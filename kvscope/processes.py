@@ -111,6 +111,15 @@ class OwnedProcess:
         """The TCP sockets this process listens on, now."""
         return listening_sockets(self.pid)
 
+    def peak_rss_bytes(self) -> int | None:
+        """The most resident memory the process has had (the kernel's VmHWM); None once it is gone."""
+        try:
+            status = Path(f"/proc/{self.pid}/status").read_text()
+        except OSError:
+            return None
+        line = next((line for line in status.splitlines() if line.startswith("VmHWM:")), None)
+        return int(line.split()[1]) * 1024 if line else None
+
 
 def wait_until(check: Callable[[], T], what: str, timeout_s: float, watch: Sequence[OwnedProcess] = ()) -> T:
     """Poll `check` until it returns something truthy; ProcessError naming `what` after `timeout_s`, or as soon as

@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import jsonschema
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -30,14 +31,10 @@ CRITERIA = Path(__file__).parents[1] / "criteria" / "media.yaml"
 CLIENT_WILDCARD_LISTENERS = 4
 
 
-@pytest.fixture(scope="module")
-def mooncake_ready():
-    return mooncake_missing()
-
-
 @pytest.fixture
-def real_mooncake(require_real, mooncake_ready):
-    require_real(mooncake_ready is None, mooncake_ready or "")
+def real_mooncake(require_real):
+    missing = mooncake_missing()
+    require_real(missing is None, missing or "")
 
 
 def _ab_run(*args: str) -> dict:
@@ -52,6 +49,8 @@ def test_collapse_example_on_real_mooncake(real_mooncake, tmp_path):
     out = tmp_path / "result.json"
     _ab_run(str(EXAMPLES / "mooncake_dram_vs_ssd.yaml"), "--json", str(out))
     result = json.loads(out.read_text())
+    schema = json.loads((Path(__file__).parents[1] / "tierstore" / "ab_result.schema.json").read_text())
+    jsonschema.validate(result, schema)  # the same contract as an embedded A/B
     dram_only, tiered = result["arms"]["dram_only"], result["arms"]["tiered"]
 
     predicted = dram_only["prediction"]["collapse_round"]
@@ -72,6 +71,7 @@ def test_collapse_example_on_real_mooncake(real_mooncake, tmp_path):
         assert all(address.startswith("127.0.0.1:") for address in listening["mooncake metadata server"])
         wildcard = [a for a in listening["mooncake store client"] if not a.startswith("127.0.0.1:")]
         assert len(wildcard) <= CLIENT_WILDCARD_LISTENERS, listening
+        assert all(peak and peak > 0 for peak in store["peak_rss_bytes"].values()), store["peak_rss_bytes"]
     # Bytes really reached both media of the tiered arm, and the DRAM-only arm evicted
     assert tiered["totals"]["written_bytes"]["ssd"] > 0
     assert tiered["totals"]["tiers"]["ssd"]["read_bytes"] > 0  # gets served from the SSD tier

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import statistics
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -105,6 +106,7 @@ class ArmRun:
         workdir: Path | None = None,
         published_as: str | None = None,
     ) -> None:
+        started = time.monotonic()
         self.scenario, self.name, self.plan = scenario, name, the_plan
         self.spec = scenario.runnable_arms[name]
         self.system = published_as or f"{scenario.name}/{name}"
@@ -115,6 +117,7 @@ class ArmRun:
         self._rounds = enumerate(make_workload(scenario).rounds())
         self._last = self._snapshot(self.store.counters())
         self.rows: list[dict] = []
+        self.seconds = {"start": time.monotonic() - started, "rounds": 0.0}  # wall time: store start-up, serving
 
     @property
     def observed(self) -> list[TargetState]:
@@ -126,6 +129,7 @@ class ArmRun:
         if index is None:
             return None
         engine, planned = self.engine, self.plan.rounds[index]
+        started = time.monotonic()
         tally = _RoundTally()
         for request in requests:
             tally.add(engine.serve(request))
@@ -135,6 +139,7 @@ class ArmRun:
         row = _round_row(index + 1, tally, planned.ideal_hit_ratio, self._last, after)
         self._last = after
         self.rows.append(row)
+        self.seconds["rounds"] += time.monotonic() - started
         return row
 
     def finish(self) -> None:
@@ -145,6 +150,7 @@ class ArmRun:
         """The arm's object of the contract, for the rounds served so far."""
         arm = {
             "store": self.store.report(),
+            "wall_s": dict(self.seconds),
             "rounds": self.rows,
             "totals": _totals(self.rows, self._last),
             "prediction": self.plan.arm_json(self.name),

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes.util
+import functools
 import json
 import os
 import queue
@@ -89,6 +90,7 @@ class MooncakeError(ProcessError):
     """A Mooncake arm that cannot run or went wrong; the message says which process and why."""
 
 
+@functools.cache
 def mooncake_missing() -> str | None:
     """Why a real Mooncake cannot run here, or None. The import is tried in a subprocess (it loads the C++ store)."""
     if _binary("mooncake_master") is None:
@@ -134,6 +136,7 @@ class MooncakeArm:
         self._answers: queue.Queue[str | None] = queue.Queue()
         self.client: OwnedProcess | None = None
         self.listening: dict[str, list[str]] = {}  # each process's listening sockets once the arm was ready
+        self.peak_rss: dict[str, int | None] = {}  # each process's peak resident memory, read before it stops
 
     # --------------------------------------------------------------------------------------------- processes
 
@@ -248,6 +251,7 @@ class MooncakeArm:
     def close(self) -> None:
         """Client first (it unmounts its segment from the master), then the master, then the metadata server;
         then the arm's directory (SSD files, logs) goes."""
+        self.peak_rss = {process.name: process.peak_rss_bytes() for process in self.processes}
         if self.client is not None and self.client.alive():
             with contextlib.suppress(MooncakeError):
                 self.request({"op": "quit"}, timeout_s=15)
@@ -274,13 +278,15 @@ class MooncakeArm:
         ]
 
     def describe(self) -> dict:
-        """What a run records of the arm: the settings, the master's flags, the client's environment, and every
-        process's listening sockets as the kernel showed them once the arm was ready."""
+        """What a run records of the arm: the settings, the master's flags, the client's environment, every
+        process's listening sockets as the kernel showed them once the arm was ready, and (once the arm has
+        stopped) each process's peak resident memory."""
         return {
             "settings": self.settings.model_dump(mode="json"),
             "master_argv": self.master_argv()[1:],
             "client_env": {k: v.replace(str(self.workdir), "<arm dir>") for k, v in self.client_env().items()},
             "listening": self.listening,
+            "peak_rss_bytes": self.peak_rss,
         }
 
 

@@ -28,7 +28,7 @@ def _seconds(value: object) -> object:
 
 Seconds = Annotated[float, BeforeValidator(_seconds)]
 StoreKind = Literal["embedded", "mooncake"]
-MOONCAKE_MEDIA = ("dram", "ssd")  # a Mooncake arm's tiers, named as the KV-tier model labels Mooncake's media
+MOONCAKE_MIN_SEGMENT = 16 * 1024**2  # the store client refuses a smaller global segment ("at least 16777216")
 DTYPE_BYTES = {
     "fp32": 4,
     "float32": 4,
@@ -215,6 +215,10 @@ def _check_mooncake_arm(arm: ArmSpec) -> None:
     if names not in (["dram"], ["dram", "ssd"]):
         raise ValueError(
             f"a mooncake arm's tiers are dram (the global segment), then optionally ssd (its SSD offload); got {names}"
+        )
+    if arm.tiers[0].capacity < MOONCAKE_MIN_SEGMENT:
+        raise ValueError(
+            f"a mooncake dram segment is at least {MOONCAKE_MIN_SEGMENT:,} B (16 MiB): Mooncake refuses less"
         )
     attached = [tier.name for tier in arm.attached]
     if attached and (attached != ["ssd"] or len(arm.tiers) != 1):

@@ -20,6 +20,11 @@ def scenario(**workload) -> dict:
     }
 
 
+def mooncake(dram: str = "16MiB", ssd: str = "64MiB") -> dict:
+    """A real-Mooncake arm (predicting it starts nothing)."""
+    return {"store": "mooncake", "tiers": [{"name": "dram", "capacity": dram}, {"name": "ssd", "capacity": ssd}]}
+
+
 def test_a_small_scenario_is_predicted(client):
     answer = client.post("/api/v1/predict", json=scenario())
     assert answer.status_code == 200 and answer.json()["arms"]["a"]["prediction"]["collapse_round"] is None
@@ -33,9 +38,16 @@ def test_a_small_scenario_is_predicted(client):
         (lambda s: s["arms"]["a"]["tiers"][0].update(backend="file", path="/tmp/x.blocks"), "path"),
         (lambda s: s["arms"]["a"]["tiers"][0].update(backend="memory", capacity="1TB"), "capacity"),
         (lambda s: s["workload"].update(sessions=0), "sessions"),
+        (lambda s: s["arms"].update(m=mooncake(dram="2GiB")), "capacity"),
+        (lambda s: s["arms"].update(m=mooncake(ssd="64GiB")), "capacity"),
+        (lambda s: s["arms"].update(m={**mooncake(), "mooncake": {"request_interval": "10s"}}), "request_interval"),
+        (lambda s: (s["arms"].update(m=mooncake()), s["workload"].update(sessions=100, rounds=100)), "workload"),
     ],
-    ids=["too-much-work", "trace-file", "file-path", "huge-memory-tier", "no-sessions"],
-)
+    ids=[
+        "too-much-work", "trace-file", "file-path", "huge-memory-tier", "no-sessions",
+        "huge-mooncake-segment", "huge-mooncake-ssd", "slow-mooncake-pacing", "too-many-mooncake-requests",
+    ],
+)  # fmt: skip
 def test_refused_scenarios_get_422_naming_the_field(client, change, field):
     body = scenario()
     change(body)

@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes.util
 import json
 import os
 import queue
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -30,7 +28,9 @@ import pytest
 
 from kvscope.exporters.mooncake import MooncakeCollector
 from kvscope.exporters.normalizer import mapping_for
+from kvscope.processes import free_port
 from kvscope.samples import Sample
+from kvscope.tierstore.mooncake import mooncake_missing
 
 MiB = 1 << 20
 HOST = "127.0.0.1"
@@ -38,44 +38,7 @@ VENV_BIN = Path(sys.executable).parent
 OBJECT = 2 * MiB  # SSD test object size
 
 
-# ---------------------------------------------------------------- availability
-_missing_cache: list[str | None] = []
-
-
-def _mooncake_missing() -> str | None:
-    """Why a real Mooncake cannot run here, or None. The import runs in a subprocess (it loads the C++ store)."""
-    if _missing_cache:
-        return _missing_cache[0]
-    reason = None
-    if _master_binary() is None:
-        reason = "mooncake_master not found (pip install mooncake-transfer-engine-non-cuda==0.3.13.post1)"
-    elif ctypes.util.find_library("ibverbs") is None:
-        reason = "libibverbs.so.1 not found (apt-get install libibverbs1)"
-    else:
-        probe = subprocess.run(
-            [sys.executable, "-c", "from mooncake.store import MooncakeDistributedStore"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        if probe.returncode != 0:
-            reason = f"mooncake.store does not import: {probe.stderr.strip().splitlines()[-1:]}"
-    _missing_cache.append(reason)
-    return reason
-
-
-def _master_binary() -> str | None:
-    beside = VENV_BIN / "mooncake_master"
-    return str(beside) if beside.exists() else shutil.which("mooncake_master")
-
-
 # ---------------------------------------------------------------- helpers
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
-
-
 def _wait_for(what: str, predicate, timeout: float, interval: float = 0.1):
     """Poll `predicate` until it returns something truthy; fail naming `what` after `timeout` seconds."""
     deadline = time.monotonic() + timeout
@@ -136,7 +99,7 @@ class Cluster:
         self.workdir = workdir
         self.ssd = ssd
         self.processes: list[subprocess.Popen] = []
-        self.rpc_port, self.metrics_port, self.metadata_port, self.client_port = (_free_port() for _ in range(4))
+        self.rpc_port, self.metrics_port, self.metadata_port, self.client_port = (free_port() for _ in range(4))
         self.master_url = f"http://{HOST}:{self.metrics_port}/metrics"
         self.client_url = f"http://{HOST}:{self.client_port}/metrics"
         self.segment = segment
@@ -146,7 +109,7 @@ class Cluster:
     # -- processes
     def start(self) -> None:
         master = [
-            _master_binary(),
+            shutil.which("mooncake_master", path=str(VENV_BIN)) or "mooncake_master",
             f"-rpc_address={HOST}",
             f"-rpc_port={self.rpc_port}",
             f"-metrics_host={HOST}",
@@ -272,7 +235,7 @@ class Cluster:
 @pytest.fixture
 def mooncake(require_real, tmp_path):
     """`mooncake(segment=..., buffer=..., ssd=...)` starts a master and a client; both are stopped afterwards."""
-    reason = _mooncake_missing()
+    reason = mooncake_missing()
     require_real(reason is None, reason or "")
     clusters: list[Cluster] = []
 
