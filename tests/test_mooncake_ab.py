@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -43,11 +44,18 @@ def _ab_run(*args: str) -> dict:
     return result
 
 
+def _arm_directories() -> set[Path]:
+    return set(Path(tempfile.gettempdir()).glob("kvscope-mooncake-*"))
+
+
 def test_collapse_example_on_real_mooncake(real_mooncake, tmp_path):
     """The DRAM-only arm collapses at the planner's round and ends near 0; the SSD arm stays at its ideal; the only
-    errors are retried transient ones; every process kvscope started binds loopback but the client's known three."""
+    errors are retried transient ones; every process kvscope started binds loopback but the client's known ones;
+    nothing of the arms is left on disk."""
     out = tmp_path / "result.json"
+    before = _arm_directories()
     _ab_run(str(EXAMPLES / "mooncake_dram_vs_ssd.yaml"), "--json", str(out))
+    assert _arm_directories() <= before  # SSD files, logs: removed with each arm
     result = json.loads(out.read_text())
     schema = json.loads((Path(__file__).parents[1] / "tierstore" / "ab_result.schema.json").read_text())
     jsonschema.validate(result, schema)  # the same contract as an embedded A/B
@@ -157,6 +165,14 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
+def _cmdline(pid: int) -> bytes:
+    """A process's command line; empty once it is gone (kvscope's own short-lived probes come and go)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -177,7 +193,7 @@ def test_sigkill_of_ab_run_leaves_no_mooncake_process_and_no_port(real_mooncake,
         processes: dict[int, list] = {}
         while time.monotonic() < deadline:  # both arms up: 2 x (metadata server, master, client)
             processes = {pid: listening_sockets(pid) for pid in _descendants(kvscope.pid)}
-            masters = [pid for pid in processes if b"mooncake_master" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+            masters = [pid for pid in processes if b"mooncake_master" in _cmdline(pid)]
             if len(masters) == 2 and sum(1 for sockets in processes.values() if sockets) >= 6:
                 break
             time.sleep(0.2)

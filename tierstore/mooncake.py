@@ -169,6 +169,7 @@ class MooncakeArm:
             env |= {
                 "MOONCAKE_OFFLOAD_FILE_STORAGE_PATH": str(self.workdir / "ssd"),
                 "MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES": str(self.ssd[0].capacity),
+                "MOONCAKE_OFFLOAD_LOCAL_BUFFER_SIZE_BYTES": str(self.settings.offload_buffer),
                 "MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS": str(self.settings.offload_heartbeat_s),
                 "MOONCAKE_OFFLOAD_BUCKET_SIZE_LIMIT_BYTES": str(self.settings.offload_bucket),
             }

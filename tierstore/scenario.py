@@ -163,6 +163,12 @@ class MooncakeSettings(_Strict):
         2.0, ge=0, description="how long a put refused with -200 (no available handle) is retried"
     )
     local_buffer: Bytes = Field(16 * 1024**2, gt=0, description="the client's own transfer buffer")
+    offload_buffer: Bytes = Field(
+        64 * 1024**2,
+        gt=0,
+        description="MOONCAKE_OFFLOAD_LOCAL_BUFFER_SIZE_BYTES: the staging buffer of SSD reads (Mooncake's own "
+        "default, 1.25 GiB, is resident memory the client holds)",
+    )
     offload_heartbeat_s: int = Field(1, ge=1, description="MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS")
     offload_bucket: Bytes = Field(
         4 * 1024**2, gt=0, description="MOONCAKE_OFFLOAD_BUCKET_SIZE_LIMIT_BYTES: objects written to disk together"
