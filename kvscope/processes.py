@@ -5,6 +5,7 @@ kept for the error message of a failed start, and their listening sockets read f
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -93,19 +94,25 @@ class OwnedProcess:
         return "\n".join(f"  | {line}" for line in text.splitlines()[-lines:])
 
     def stop(self, timeout_s: float = 10.0) -> int:
-        """SIGTERM, then SIGKILL after `timeout_s`; the exit status. Safe to call twice."""
+        """SIGTERM, then SIGKILL after `timeout_s`, to the process's whole group (a server's own worker processes
+        too); the exit status. Safe to call twice."""
         if self.alive():
-            self.popen.send_signal(signal.SIGTERM)
+            self._signal_group(signal.SIGTERM)
             try:
                 self.popen.wait(timeout_s)
             except subprocess.TimeoutExpired:
-                self.popen.kill()
+                self._signal_group(signal.SIGKILL)
                 self.popen.wait(timeout_s)
+        self._signal_group(signal.SIGKILL)  # whatever of the group outlived its leader
         for stream in (self.popen.stdin, self.popen.stdout):
             if stream:
                 stream.close()
         self._log_file.close()
         return self.popen.returncode
+
+    def _signal_group(self, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, signum)  # its own session (start_new_session), so its group is its pid
 
     def listening(self) -> list[Listener]:
         """The TCP sockets this process listens on, now."""

