@@ -3,8 +3,8 @@
 A rule names the raw series it reads (`match`, newest name first: when a scrape holds both a current and a
 deprecated name, only the first present is used, so nothing is counted twice), an optional label filter
 (`where`), the model instrument, the model labels as templates over the raw labels and the target's labels
-(`"{engine}"`), and a `scale` (RDMA port counters count 4-byte words). Raw series that land on the same model
-series are summed.
+(`"{engine}"`), and a `scale` (RDMA port counters count 4-byte words); for an info metric, `value_labels` take the
+value from its labels. Raw series that land on the same model series are summed.
 """
 
 from __future__ import annotations
@@ -37,6 +37,11 @@ class Rule(BaseModel):
     instrument: str
     labels: dict[str, str] = Field(default_factory=dict, description="model labels: literals or {label} templates")
     scale: float = 1.0
+    value_labels: tuple[str, ...] = Field(
+        (),
+        description="the value is the product of these raw labels, not the sample's (an info metric's settings, "
+        "e.g. num_gpu_blocks x block_size); a series where one is not a number adds nothing",
+    )
     kind: Literal["counter", "gauge"] | None = Field(None, description="default: the instrument's kind")
 
     @field_validator("instrument")
@@ -75,7 +80,9 @@ class Mapping(BaseModel):
                 if key not in series:
                     series[key] = _model_series(rule, sample.label_map, target_labels)
                 if (model := series[key]) is not None:
-                    totals[model] = totals.get(model, 0.0) + sample.value * rule.scale
+                    value = _label_product(rule.value_labels, sample.label_map) if rule.value_labels else sample.value
+                    if value is not None:
+                        totals[model] = totals.get(model, 0.0) + value * rule.scale
         return [
             Sample(self.source, name, labels, value, INSTRUMENTS[name].kind, normalized=True)
             for (name, labels), value in totals.items()
@@ -101,6 +108,17 @@ def _model_series(rule: Rule, raw: dict[str, str], target_labels: dict[str, str]
         return None
     context = {**target_labels, **raw}
     return rule.instrument, labels_of({key: _fill(template, context) for key, template in rule.labels.items()})
+
+
+def _label_product(names: tuple[str, ...], raw: dict[str, str]) -> float | None:
+    """The product of raw labels read as numbers; None when one is missing or not a number ("None")."""
+    product = 1.0
+    for name in names:
+        try:
+            product *= float(raw[name])
+        except (KeyError, ValueError):
+            return None
+    return product
 
 
 def _fill(template: str, context: dict[str, str]) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from pathlib import Path
 
@@ -62,7 +63,8 @@ def test_v0_33_offloading_connector_maps_onto_the_model(metrics_server):
     assert all(not s.normalized for s in raw) and all(s.normalized for s in normalized)
     gpu, external = (("engine", "0"), ("layer", "gpu")), (("engine", "0"), ("layer", "external"))
     offload = (("system", "vllm_offload:0"), ("tier", "dram"))
-    assert values(normalized) == {
+    prefix_and_store = {k: v for k, v in values(normalized).items() if k[0].startswith(("kv.prefix.", "kv.store."))}
+    assert prefix_and_store == {
         ("kv.prefix.query.tokens", gpu): 18432.0,
         ("kv.prefix.hit.tokens", gpu): 9216.0,
         ("kv.prefix.query.tokens", external): 9216.0,
@@ -76,7 +78,10 @@ def test_v0_33_offloading_connector_maps_onto_the_model(metrics_server):
 
 def test_v0_33_default_has_no_offload_series(metrics_server):
     _, normalized = scrape(metrics_server.serve("/metrics", DEFAULT.read_bytes()))
-    assert {s.name for s in normalized} == {"kv.prefix.query.tokens", "kv.prefix.hit.tokens"}
+    assert {s.name for s in normalized} == {
+        "kv.prefix.query.tokens", "kv.prefix.hit.tokens", "kv.prompt.tokens", "kv.prompt.cached.tokens",
+        "kv.engine.preemptions",
+    }  # fmt: skip
 
 
 def test_old_gpu_prefix_names_are_read(metrics_server):
@@ -109,3 +114,56 @@ def test_bad_answers_raise_collect_error_naming_the_target(metrics_server, body,
 def test_unreachable_target_names_itself():
     with pytest.raises(CollectError, match=re.escape("vllm-a: GET http://127.0.0.1:9/metrics failed")):
         scrape("http://127.0.0.1:9/metrics")
+
+
+REAL = FIXTURES / "real-cpu-0.32"
+GOLDEN = REAL / "normalized.golden.json"
+
+
+def _raw_value(raw, name: str, **labels: str) -> float:
+    return sum(s.value for s in raw if s.name == name and all(s.label_map.get(k) == v for k, v in labels.items()))
+
+
+def _golden_form(normalized) -> list[dict]:
+    return sorted(({"name": s.name, "labels": s.label_map, "value": s.value} for s in normalized), key=json.dumps)
+
+
+@pytest.mark.parametrize("capture", sorted(p.name for p in REAL.glob("vllm_*.prom")))
+def test_real_vllm_0_32_captures_map_every_kv_family(metrics_server, capture):
+    """Whole /metrics of a real vLLM 0.32 (CPU): every KV family the model knows is mapped, each value is the raw
+    one it comes from, the prompt-token sources add up to the prompt tokens, and the output equals the golden file."""
+    raw, normalized = scrape(metrics_server.serve("/metrics", (REAL / capture).read_bytes()))
+    got = values(normalized)
+    engine = (("engine", "0"),)
+
+    def model(name: str, **labels: str) -> float:
+        return got[(name, tuple(sorted({"engine": "0", **labels}.items())))]
+
+    for vllm_source, source in (("local_compute", "computed"), ("local_cache_hit", "gpu"),
+                                ("external_kv_transfer", "external")):  # fmt: skip
+        assert model("kv.prompt.tokens", source=source) == _raw_value(
+            raw, "vllm:prompt_tokens_by_source_total", source=vllm_source
+        )
+    prompt = _raw_value(raw, "vllm:prompt_tokens_total")
+    assert sum(v for (name, _), v in got.items() if name == "kv.prompt.tokens") == prompt > 0
+    assert model("kv.prefix.query.tokens", layer="gpu") == prompt
+    assert model("kv.prompt.tokens", source="gpu") == model("kv.prefix.hit.tokens", layer="gpu")
+    assert model("kv.prompt.cached.tokens", medium="gpu") == _raw_value(
+        raw, "vllm:prompt_tokens_cached_by_source_total", source="device"
+    )
+    assert got[("kv.engine.preemptions", engine)] == _raw_value(raw, "vllm:num_preemptions_total")
+    assert model("kv.prefix.capacity.tokens", layer="gpu") == 40 * 32  # --num-gpu-blocks-override 40, blocks of 32
+    if "mooncake" in capture:  # the connector's saves and loads, counted by the engine's own Mooncake client
+        store = (("system", "mooncake"), ("tier", "dram"))
+        assert (
+            got[("kv.store.put.bytes", store)]
+            == 3_473_408
+            == _raw_value(raw, "vllm:mooncake_store_operation_bytes_total", operation="save_put")
+        )
+        assert got[("kv.store.put.ops", store)] == 48 and got[("kv.store.get.ops", store)] == 33
+        assert got[("kv.store.get.bytes", store)] == 8_421_376
+        assert model("kv.prompt.tokens", source="external") == model("kv.prefix.hit.tokens", layer="external") > 0
+    else:
+        assert got[("kv.engine.preemptions", engine)] == 22
+    golden = json.loads(GOLDEN.read_text())
+    assert _golden_form(normalized) == golden[capture]

@@ -51,8 +51,9 @@ def scrape(server: VllmServer) -> tuple[dict, dict]:
 
     raw = asyncio.run(once())
     model: Counter = Counter()
-    for sample in mapping_for("vllm").apply(raw, {}):
-        model[(sample.name, sample.label_map.get("layer"))] += sample.value
+    for sample in mapping_for("vllm").apply(raw, collector.config.labels):
+        labels = sample.label_map
+        model[(sample.name, labels.get("layer") or labels.get("source") or labels.get("medium"))] += sample.value
     by_source: Counter = Counter()
     for sample in raw:
         by_source[(sample.name, sample.label_map.get("source"))] += sample.value
@@ -95,6 +96,11 @@ def test_a_multi_round_chat_on_real_vllm_is_counted_as_the_engine_answered(serve
     }
     assert sum(sources.values()) == prompt == delta(after_raw, before_raw, ("vllm:prompt_tokens_total", None))
     assert sources["local_cache_hit"] == cached and sources["external_kv_transfer"] == 0
+    # the same split in the KV-tier model, and the GPU cache's size from the engine's cache configuration
+    assert delta(after_model, before_model, ("kv.prompt.tokens", "gpu")) == cached
+    assert delta(after_model, before_model, ("kv.prompt.tokens", "computed")) == prompt - cached
+    assert delta(after_model, before_model, ("kv.prompt.cached.tokens", "gpu")) == cached
+    assert after_model[("kv.prefix.capacity.tokens", "gpu")] == 64 * BLOCK
 
 
 def test_the_vllm_server_listens_on_loopback_only(server):
