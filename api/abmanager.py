@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 from kvscope.api.alerts import PREDICTED, AlertBook, ArmWatch, evaluate_round
-from kvscope.tierstore.ab import ArmRun, observed_collapse_round
+from kvscope.tierstore.ab import ArmRun, make_arm, observed_collapse_round
 from kvscope.tierstore.live import ENGINES
 from kvscope.tierstore.planner import Plan, plan
 from kvscope.tierstore.scenario import ArmSpec, Scenario
@@ -173,7 +173,7 @@ class ABManager:
             recorder = ABRecorder(db, test.scenario, prefix=f"{test.id}/", store_names=lambda arm: f"{test.id}/{arm}")
             workdir = self.workdir / test.id
             for name in test.scenario.runnable_arms:
-                arms[name] = ArmRun(test.scenario, name, the_plan, workdir, published_as=f"{test.id}/{name}")
+                arms[name] = make_arm(test.scenario, name, the_plan, workdir, published_as=f"{test.id}/{name}")
                 recorder.arm_started(arms[name])
             self._predicted(test, the_plan, firing=True)
             self._serve(test, arms, recorder)

@@ -19,6 +19,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
+from support.proctree import alive, cmdline, descendants
 from typer.testing import CliRunner
 
 from kvscope.cli import app
@@ -147,40 +148,6 @@ def test_media_criteria_pass_on_real_mooncake_metrics_and_catch_a_planted_write(
     assert {row["tier"]: row["passed"] for row in written["observed"]} == {"dram": True, "nof": False}
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every living process below `pid`, from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(parent, []).append(int(entry.name))
-    found, pending = [], [pid]
-    while pending:
-        for child in children.get(pending.pop(), []):
-            found.append(child)
-            pending.append(child)
-    return found
-
-
-def _cmdline(pid: int) -> bytes:
-    """A process's command line; empty once it is gone (kvscope's own short-lived probes come and go)."""
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 def test_sigkill_of_ab_run_leaves_no_mooncake_process_and_no_port(real_mooncake, tmp_path):
     """kvscope killed with SIGKILL mid-run: the kernel kills every Mooncake process it started (parent-death
     signal), and nothing they listened on still listens."""
@@ -192,8 +159,8 @@ def test_sigkill_of_ab_run_leaves_no_mooncake_process_and_no_port(real_mooncake,
         deadline = time.monotonic() + 60
         processes: dict[int, list] = {}
         while time.monotonic() < deadline:  # both arms up: 2 x (metadata server, master, client)
-            processes = {pid: listening_sockets(pid) for pid in _descendants(kvscope.pid)}
-            masters = [pid for pid in processes if b"mooncake_master" in _cmdline(pid)]
+            processes = {pid: listening_sockets(pid) for pid in descendants(kvscope.pid)}
+            masters = [pid for pid in processes if b"mooncake_master" in cmdline(pid)]
             if len(masters) == 2 and sum(1 for sockets in processes.values() if sockets) >= 6:
                 break
             time.sleep(0.2)
@@ -205,10 +172,10 @@ def test_sigkill_of_ab_run_leaves_no_mooncake_process_and_no_port(real_mooncake,
         kvscope.wait(10)
         deadline = time.monotonic() + 15  # a killed process's threads exit (and close its sockets) one by one
         while time.monotonic() < deadline and (
-            any(_alive(pid) for pid in processes) or any(port_listens(port) for port in ports)
+            any(alive(pid) for pid in processes) or any(port_listens(port) for port in ports)
         ):
             time.sleep(0.1)
-        assert not [pid for pid in processes if _alive(pid)], "processes outlived kvscope"
+        assert not [pid for pid in processes if alive(pid)], "processes outlived kvscope"
         assert not [port for port in ports if port_listens(port)], "ports still listening"
     finally:
         if kvscope.poll() is None:

@@ -64,8 +64,12 @@ def build_store(
 
 
 def build_engine(scenario: spec.Scenario, store: KVStore) -> EngineEmulator:
-    gpu_spec = scenario.engine.gpu_cache
+    """The engine emulator; its GPU tier is `engine.gpu_cache`, or the model of a real vLLM's prefix cache (its
+    blocks but the one vLLM keeps back, freed tail first) when a mirror simulates a vLLM arm."""
+    gpu_spec, real = scenario.engine.gpu_cache, scenario.engine.vllm
     gpu = Tier("gpu", gpu_spec.capacity, make_policy(gpu_spec.policy)) if gpu_spec else None
+    if real is not None:
+        gpu = Tier("gpu", (real.gpu_blocks - 1) * scenario.block_bytes, make_policy("tail_first"))
     return EngineEmulator(store, scenario.block_tokens, scenario.block_bytes, scenario.engine.prefill_tokens_per_s, gpu)
 
 
@@ -152,7 +156,7 @@ class ArmRun:
             "store": self.store.report(),
             "wall_s": dict(self.seconds),
             "rounds": self.rows,
-            "totals": _totals(self.rows, self._last),
+            "totals": arm_totals(self.rows, self._last),
             "prediction": self.plan.arm_json(self.name),
             "observed_collapse_round": observed_collapse_round(self.rows, self.scenario.prediction.collapse_tolerance),
         }
@@ -168,6 +172,22 @@ class ArmRun:
         return ({gpu.name: gpu.counters.as_dict()} if gpu else {}) | store_counters
 
 
+def make_arm(
+    scenario: spec.Scenario,
+    name: str,
+    the_plan: Plan,
+    workdir: Path | None = None,
+    published_as: str | None = None,
+):
+    """The arm's runner: a real vLLM engine's (kvscope.tierstore.vllm_ab) for an arm of an `engine.kind: vllm`
+    scenario, else the engine emulator's (ArmRun, also for the mirrors of vLLM arms)."""
+    if scenario.engine.kind == "vllm" and name in scenario.arms:
+        from kvscope.tierstore.vllm_ab import VllmArm
+
+        return VllmArm(scenario, name, the_plan, workdir, published_as)
+    return ArmRun(scenario, name, the_plan, workdir, published_as)
+
+
 def run_arm(
     scenario: spec.Scenario,
     name: str,
@@ -181,7 +201,7 @@ def run_arm(
     With `publish`, the arm's engine is published as "<scenario>/<arm>" for the `tierstore` exporter source, before
     `listener.arm_started` (a recorder's round-0 scrape).
     """
-    arm = ArmRun(scenario, name, the_plan, workdir, f"{scenario.name}/{name}" if publish else None)
+    arm = make_arm(scenario, name, the_plan, workdir, f"{scenario.name}/{name}" if publish else None)
     try:
         if listener:
             listener.arm_started(arm)
@@ -263,7 +283,7 @@ def observed_collapse_round(rows: list[dict], tolerance: float) -> int | None:
     return next((r["round"] for r in rows if r["hit_ratio"] < (1 - tolerance) * r["ideal_hit_ratio"]), None)
 
 
-def _delta(before: dict, after: dict, counter: str) -> dict[str, int]:
+def tier_delta(before: dict, after: dict, counter: str) -> dict[str, int]:
     return {tier: after[tier][counter] - before[tier][counter] for tier in after}
 
 
@@ -279,9 +299,9 @@ def _round_row(number: int, tally: _RoundTally, ideal: float, before: dict, afte
         "ideal_hit_ratio": ideal,
         "recompute_tokens_per_request": tally.recompute_tokens / tally.requests if tally.requests else 0.0,
         "put_bytes": tally.put_bytes,
-        "written_bytes": _delta(before, after, "written_bytes"),
-        "read_bytes": _delta(before, after, "read_bytes"),
-        "evictions": _delta(before, after, "evictions"),
+        "written_bytes": tier_delta(before, after, "written_bytes"),
+        "read_bytes": tier_delta(before, after, "read_bytes"),
+        "evictions": tier_delta(before, after, "evictions"),
         "allocated_bytes": {tier: counters["allocated_bytes"] for tier, counters in after.items()},
         "ttft_s": {
             "mean": statistics.fmean(ttft) if ttft else 0.0,
@@ -291,7 +311,7 @@ def _round_row(number: int, tally: _RoundTally, ideal: float, before: dict, afte
     }
 
 
-def _totals(rows: list[dict], counters: dict[str, dict[str, int]]) -> dict:
+def arm_totals(rows: list[dict], counters: dict[str, dict[str, int]]) -> dict:
     query = sum(r["query_tokens"] for r in rows)
     hits = sum(r["hit_tokens"] for r in rows)
     requests = sum(r["requests"] for r in rows)

@@ -28,6 +28,7 @@ def _seconds(value: object) -> object:
 
 Seconds = Annotated[float, BeforeValidator(_seconds)]
 StoreKind = Literal["embedded", "mooncake"]
+VLLM_MIN_LEASE_S = 1.0  # covers vLLM's gap between the connector's lookup and its load (see _vllm_engine_fits)
 MOONCAKE_MIN_SEGMENT = 16 * 1024**2  # the store client refuses a smaller global segment ("at least 16777216")
 DTYPE_BYTES = {
     "fp32": 4,
@@ -244,9 +245,36 @@ class GpuCacheSpec(_Strict):
     policy: str = "tail_first"
 
 
+class VllmSettings(_Strict):
+    """A real vLLM engine per arm (kvscope.tierstore.vllm): a tiny model of the scenario's `kv.model` shape, its
+    prefix cache `gpu_blocks` blocks of `kv.block_tokens` (vLLM keeps one back)."""
+
+    gpu_blocks: int = Field(gt=1, description="--num-gpu-blocks-override: the GPU tier, in blocks")
+    heads: int = Field(4, gt=0, description="attention heads; the model's hidden size is heads x kv.model.head_dim")
+    vocab: int = Field(4000, ge=100, description="words of the tiny model's vocabulary")
+    max_model_len: int | None = Field(
+        None, gt=0, description="default: the longest prompt and output of the workload, at most 4096"
+    )
+    start_timeout: Seconds = Field(300.0, gt=0, description="how long the server may take to be ready")
+
+
 class EngineSpec(_Strict):
+    kind: Literal["emulator", "vllm"] = Field(
+        "emulator", description="emulator: kvscope's model of an engine; vllm: a real vLLM server per arm"
+    )
     prefill_tokens_per_s: float = Field(10_000.0, gt=0, description="recompute throughput for the TTFT model")
     gpu_cache: GpuCacheSpec | None = Field(None, description="a GPU-local prefix cache in front of the tiers")
+    vllm: VllmSettings | None = Field(None, description="kind: vllm only")
+
+    @model_validator(mode="after")
+    def _vllm_settings(self) -> EngineSpec:
+        if self.kind == "vllm" and self.vllm is None:
+            raise ValueError("kind: vllm needs vllm: {gpu_blocks: ...}")
+        if self.kind != "vllm" and self.vllm is not None:
+            raise ValueError("vllm settings apply to kind: vllm only")
+        if self.kind == "vllm" and self.gpu_cache is not None:
+            raise ValueError("with kind: vllm the GPU tier is vLLM's own prefix cache (vllm.gpu_blocks), not gpu_cache")
+        return self
 
 
 class PredictionSpec(_Strict):
@@ -290,6 +318,47 @@ class Scenario(_Strict):
                     f"({arm.tiers[0].capacity:,} B): Mooncake could never store it (-200 forever)"
                 )
         return self
+
+    @model_validator(mode="after")
+    def _vllm_engine_fits(self) -> Scenario:
+        if self.engine.kind != "vllm":
+            return self
+        model = self.kv.model
+        if not isinstance(self.workload, MultiRoundWorkload):
+            raise ValueError("engine.kind vllm serves multi-round chat workloads (a trace has no text)")
+        if self.block_tokens % 32:
+            raise ValueError(f"engine.kind vllm: kv.block_tokens must be a multiple of 32 (vLLM's CPU attention), "
+                             f"not {self.block_tokens}")  # fmt: skip
+        if model is None or model.kv_heads is None or model.dtype not in ("bf16", "bfloat16", "fp16", "float16",
+                                                                          "fp32", "float32"):  # fmt: skip
+            raise ValueError("engine.kind vllm: give kv.model {layers, kv_heads, head_dim, dtype: bf16|fp16|fp32}, "
+                             "the shape of the model kvscope makes")  # fmt: skip
+        for name, arm in self.arms.items():
+            if arm.store != "mooncake":
+                raise ValueError(f"engine.kind vllm: arm {name!r} must be store: mooncake (its tiers are reached "
+                                 "through vLLM's Mooncake connector)")  # fmt: skip
+            if arm.mooncake_settings.lease_ttl < VLLM_MIN_LEASE_S:
+                raise ValueError(
+                    f"engine.kind vllm: arm {name!r}: mooncake.lease_ttl must be at least {VLLM_MIN_LEASE_S:g} s: "
+                    "vLLM's scheduler looks blocks up (which leases them) a step before its worker loads them, and "
+                    "a lease that ran out fails the load with -707 and the request with it"
+                )
+        if self.vllm_max_model_len > (self.engine.vllm.gpu_blocks - 1) * self.block_tokens:  # type: ignore[union-attr]
+            raise ValueError(
+                f"engine.vllm.gpu_blocks: {self.engine.vllm.gpu_blocks} blocks cannot hold one request of "  # type: ignore[union-attr]
+                f"{self.vllm_max_model_len} tokens (vLLM keeps one block back)"
+            )
+        return self
+
+    @property
+    def vllm_max_model_len(self) -> int:
+        """The real engine's --max-model-len: as set, else the workload's longest prompt and output."""
+        settings, workload = self.engine.vllm, self.workload
+        if settings is not None and settings.max_model_len:
+            return settings.max_model_len
+        assert isinstance(workload, MultiRoundWorkload)
+        longest = workload.first_prompt_tokens + workload.rounds * (workload.output_tokens + workload.user_tokens)
+        return min(4096, -(-longest // self.block_tokens) * self.block_tokens)
 
     @property
     def runnable_arms(self) -> dict[str, ArmSpec]:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from kvscope.processes import HOST, OwnedProcess, free_port, wait_until
+from kvscope.processes import HOST, OwnedProcess, ProcessError, free_port, wait_until
 
 _SIDE = Path(__file__).resolve().parent / "vllm_side"
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -101,8 +101,11 @@ class VllmServer:
     ) -> None:
         if block_tokens % 32:
             raise ValueError(f"vLLM's CPU attention needs a block size that is a multiple of 32, not {block_tokens}")
-        if max_model_len > gpu_blocks * block_tokens:
-            raise ValueError(f"max_model_len {max_model_len} exceeds the KV cache ({gpu_blocks} x {block_tokens})")
+        if max_model_len > (gpu_blocks - 1) * block_tokens:  # vLLM keeps one block back (its null block)
+            raise ValueError(
+                f"max_model_len {max_model_len} exceeds what {gpu_blocks} blocks of {block_tokens} hold for one "
+                f"request ({(gpu_blocks - 1) * block_tokens}: vLLM keeps one block back)"
+            )
         self.name, self.port = name, free_port()
         self.url = f"http://{HOST}:{self.port}"
         self.argv = [
@@ -141,8 +144,15 @@ class VllmServer:
             "ignore_eos": True,
             "temperature": 0,
         }
-        response = client.post(f"{self.url}/v1/chat/completions", json=body)
-        response.raise_for_status()
+        try:
+            response = client.post(f"{self.url}/v1/chat/completions", json=body)
+        except httpx.HTTPError as error:
+            raise ProcessError(f"{self.process.name}: chat request failed: {error!r}\n{self.process.tail()}") from None
+        if response.status_code != 200:
+            raise ProcessError(
+                f"{self.process.name}: chat answered {response.status_code}: {response.text[:500]}\n"
+                f"{self.process.tail()}"
+            )
         return response.json()
 
     def stop(self) -> None:

@@ -28,7 +28,9 @@ def build(directory: Path, config: dict) -> None:
         [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")]
     )
     tokenizer.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always")
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="\u2581w0")
+    # no special tokens at all: the engine generates any id, and a special one (an unk, an eos) would vanish from
+    # the decoded text, which then re-encodes shorter than what was generated
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer)
     fast.chat_template = CHAT_TEMPLATE
     fast.model_max_length = config["max_model_len"]
     fast.save_pretrained(directory)
