@@ -54,9 +54,11 @@ class OwnedProcess:
         cwd: Path | None = None,
         pipe_stdin: bool = False,
         pipe_stdout: bool = False,
+        group: bool = False,
     ) -> None:
+        """`group`: the program starts processes of its own, which must die with it (kvscope.procguard --group)."""
         self.name, self.argv, self.log = name, list(argv), log
-        guard = [sys.executable, "-m", "kvscope.procguard", str(os.getpid()), "--"]
+        guard = [sys.executable, "-m", "kvscope.procguard", str(os.getpid()), *(["--group"] if group else []), "--"]
         self._log_file = log.open("ab")
         try:
             self.popen = subprocess.Popen(
@@ -115,8 +117,9 @@ class OwnedProcess:
             os.killpg(self.popen.pid, signum)  # its own session (start_new_session), so its group is its pid
 
     def listening(self) -> list[Listener]:
-        """The TCP sockets this process listens on, now."""
-        return listening_sockets(self.pid)
+        """The TCP sockets this process and the processes it started listen on, now."""
+        return sorted({s for pid in [self.pid, *_descendants(self.pid)] for s in listening_sockets(pid)},
+                      key=lambda listener: (listener.port, listener.address))  # fmt: skip
 
     def peak_rss_bytes(self) -> int | None:
         """The most resident memory the process has had (the kernel's VmHWM); None once it is gone."""
@@ -185,6 +188,26 @@ def listening_sockets(pid: int) -> list[Listener]:
                 address, port = fields[1].split(":")
                 found.append(Listener(_address(address, family), int(port, 16)))
     return sorted(set(found), key=lambda listener: listener.port)
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below `pid`, from each thread's children list in /proc."""
+    found: list[int] = []
+    pending = [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            tasks = os.listdir(f"/proc/{current}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                children = Path(f"/proc/{current}/task/{task}/children").read_text().split()
+            except OSError:
+                continue
+            found += map(int, children)
+            pending += map(int, children)
+    return found
 
 
 def _socket_inodes(pid: int) -> set[str]:

@@ -120,8 +120,14 @@ class VllmServer:
         ]  # fmt: skip
         environment = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", **(env or {})}
         environment.pop("VIRTUAL_ENV", None)
-        self.process = OwnedProcess(f"vllm serve ({name})", self.argv, workdir / f"vllm-{self.port}.log",
-                                    env=environment, cwd=workdir)  # fmt: skip
+        self.process = OwnedProcess(
+            f"vllm serve ({name})",
+            self.argv,
+            workdir / f"vllm-{self.port}.log",
+            env=environment,
+            cwd=workdir,
+            group=True,
+        )  # its engine core dies with it too
 
     def wait_ready(self, timeout_s: float = 300.0) -> None:
         """Until /v1/models lists the model (the engine core is up), or ProcessError with the log's tail."""

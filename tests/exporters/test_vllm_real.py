@@ -13,7 +13,6 @@ import pytest
 
 from kvscope.exporters.normalizer import mapping_for
 from kvscope.exporters.vllm import VllmCollector
-from kvscope.processes import listening_sockets
 from kvscope.tierstore.vllm import TinyModel, VllmServer, vllm_missing, words
 
 BLOCK = 32
@@ -105,15 +104,5 @@ def test_a_multi_round_chat_on_real_vllm_is_counted_as_the_engine_answered(serve
 
 def test_the_vllm_server_listens_on_loopback_only(server):
     """Every TCP socket the server's process group listens on is 127.0.0.1 (its engine core talks over IPC)."""
-    pids = [server.process.pid] + [int(pid) for pid in _children(server.process.pid)]
-    listeners = [listener for pid in pids for listener in listening_sockets(pid)]
+    listeners = server.process.listening()  # the server and every process below it
     assert listeners and all(listener.loopback_only for listener in listeners), listeners
-
-
-def _children(pid: int) -> list[str]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as handle:
-            direct = handle.read().split()
-    except OSError:
-        return []
-    return direct + [grandchild for child in direct for grandchild in _children(int(child))]
