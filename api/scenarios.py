@@ -17,6 +17,7 @@ MAX_MOONCAKE_SEGMENT = 1024**3
 MAX_MOONCAKE_SSD = 4 * 1024**3
 MAX_MOONCAKE_REQUESTS = 2_000  # sessions x rounds
 MAX_MOONCAKE_INTERVAL_S = 1.0
+MAX_VLLM_GPU_BLOCKS = 4096  # a real vLLM engine's prefix cache, in blocks (its KV cache is reserved up front)
 
 
 def accept(scenario: Scenario) -> Scenario:
@@ -45,8 +46,12 @@ def accept(scenario: Scenario) -> Scenario:
 
 
 def _real_store_limits(scenario: Scenario) -> list[tuple]:
-    """Mooncake arms: segment and SSD sizes, requests and pacing within what the service runs."""
+    """Mooncake arms and vLLM engines: segment and SSD sizes, GPU blocks, requests and pacing within what the
+    service runs."""
     problems: list[tuple] = []
+    if scenario.engine.vllm is not None and scenario.engine.vllm.gpu_blocks > MAX_VLLM_GPU_BLOCKS:
+        msg = f"a real vLLM engine has at most {MAX_VLLM_GPU_BLOCKS:,} blocks over the API"
+        problems.append(("engine", "vllm", "gpu_blocks", msg))
     for name, arm in scenario.arms.items():
         if arm.store != "mooncake":
             continue
