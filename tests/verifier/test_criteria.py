@@ -197,3 +197,20 @@ def test_the_shipped_media_criteria_carry_the_published_tolerances():
     assert media.runs == ["dram_only", "tiered"]
     assert (by_name["save_parity"].tolerance, by_name["load_parity"].tolerance) == (0.001, 0.003)
     assert by_name["nof_delta_zero"].run == "dram_only" and by_name["both_tiers_written"].expect == ["dram", "nof"]
+
+
+def test_criteria_params_are_bound_into_every_string_and_unknown_ones_refused(tmp_path):
+    from kvscope.verifier.criteria import CriteriaError, load_criteria
+
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "runs: [a]\nparams: {lower_tier: nof}\ncriteria:\n"
+        "  - {name: z, kind: zero_delta, run: a, description: 'the {lower_tier} tier',\n"
+        "     metric: {name: kv.tier.allocated.bytes, where: {tier: '{lower_tier}'}}}\n"
+    )
+    default, bound = load_criteria(path), load_criteria(path, {"lower_tier": "ssd"})
+    assert default.criteria[0].metric.where == {"tier": "nof"} and default.params == {"lower_tier": "nof"}
+    assert bound.criteria[0].metric.where == {"tier": "ssd"} and bound.criteria[0].description == "the ssd tier"
+    assert bound.params == {"lower_tier": "ssd"}  # the evidence keeps what was bound
+    with pytest.raises(CriteriaError, match="no parameter 'upper'"):
+        load_criteria(path, {"upper": "x"})

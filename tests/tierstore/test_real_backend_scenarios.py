@@ -1,0 +1,86 @@
+"""What a scenario may ask of a real backend (`store: mooncake`, `engine.kind: vllm`), refused with the field and the
+reason before anything starts; and what the planner and the criteria make of it. No real component is needed."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from kvscope.tierstore.planner import plan
+from kvscope.tierstore.scenario import ScenarioError, parse_scenario
+
+MOONCAKE = {
+    "name": "s",
+    "workload": {"kind": "multi_round", "sessions": 16, "rounds": 10, "first_prompt_tokens": 2048,
+                 "user_tokens": 256, "output_tokens": 256},
+    "kv": {"block_tokens": 256, "bytes_per_token": "1KiB"},
+    "arms": {"a": {"store": "mooncake", "tiers": [{"name": "dram", "capacity": "64MiB"}]}},
+}  # fmt: skip
+VLLM = {
+    "name": "v",
+    "workload": {"kind": "multi_round", "sessions": 8, "rounds": 4, "first_prompt_tokens": 96,
+                 "user_tokens": 56, "output_tokens": 8, "output_cached": True},
+    "kv": {"block_tokens": 32, "model": {"layers": 8, "kv_heads": 2, "head_dim": 64, "dtype": "bf16"}},
+    "engine": {"kind": "vllm", "vllm": {"gpu_blocks": 40}},
+    "arms": {"a": {"store": "mooncake", "mooncake": {"lease_ttl": "2s"},
+                   "tiers": [{"name": "dram", "capacity": "16MiB"}]}},
+}  # fmt: skip
+
+
+def changed(base: dict, change) -> dict:
+    scenario = copy.deepcopy(base)
+    change(scenario)
+    return scenario
+
+
+def arm(scenario: dict) -> dict:
+    return scenario["arms"]["a"]
+
+
+@pytest.mark.parametrize(
+    ("base", "change", "reason"),
+    [
+        (MOONCAKE, lambda s: arm(s)["tiers"][0].update(name="hbm"), "tiers are dram"),
+        (MOONCAKE, lambda s: arm(s)["tiers"].append({"name": "nof", "capacity": "1GiB"}), "tiers are dram"),
+        (MOONCAKE, lambda s: arm(s)["tiers"][0].update(capacity="8MiB"), "at least 16,777,216"),
+        (MOONCAKE, lambda s: arm(s)["tiers"][0].update(backend="file"), "do not apply to Mooncake"),
+        (MOONCAKE, lambda s: arm(s)["tiers"][0].update(read_bandwidth="400Gb/s"), "do not apply to Mooncake"),
+        (MOONCAKE, lambda s: arm(s).update(promote_on_hit=True), "promote_on_hit"),
+        (MOONCAKE, lambda s: arm(s).update(tiers=[{"name": "dram", "capacity": "64MiB"},
+                                                  {"name": "ssd", "capacity": "1GiB"}],
+                                           attached=[{"name": "ssd2", "capacity": "1GiB"}]), "attach only an ssd"),
+        (MOONCAKE, lambda s: s["kv"].update(bytes_per_token="1MiB"), "larger than the dram segment"),
+        (MOONCAKE, lambda s: s["arms"].update(b={"tiers": [{"name": "dram", "capacity": "1GB"}], "mirror": True}),
+         "store: mooncake only"),
+        (MOONCAKE, lambda s: (arm(s).update(mirror=True), s["arms"].update(a_sim=copy.deepcopy(arm(s)))),
+         "names another arm"),
+        (VLLM, lambda s: s["kv"].update(block_tokens=48), "multiple of 32"),
+        (VLLM, lambda s: s["kv"].update(model=None, bytes_per_token=1024), "kv.model"),
+        (VLLM, lambda s: arm(s).update(store="embedded", mooncake=None), "must be store: mooncake"),
+        (VLLM, lambda s: arm(s).update(mooncake={"lease_ttl": "100ms"}), "-707"),
+        (VLLM, lambda s: s["engine"]["vllm"].update(gpu_blocks=4), "cannot hold one request"),
+        (VLLM, lambda s: s["engine"].update(vllm=None), "needs vllm"),
+        (VLLM, lambda s: s["engine"].update(gpu_cache={"capacity": "1MB"}), "vLLM's own prefix cache"),
+    ],
+)  # fmt: skip
+def test_what_a_real_backend_cannot_do_is_refused_naming_why(base, change, reason):
+    with pytest.raises(ScenarioError) as refused:
+        parse_scenario(changed(base, change))
+    assert reason in " ".join(str(refused.value).split())
+
+
+def test_a_mooncake_arm_holds_its_eviction_watermark_of_the_segment_and_its_mirror_the_whole_segment():
+    scenario = parse_scenario(changed(MOONCAKE, lambda s: arm(s).update(mirror=True)))
+    assert list(scenario.runnable_arms) == ["a", "a_sim"] and scenario.runnable_arms["a_sim"].store == "embedded"
+    predicted = plan(scenario).arms
+    assert predicted["a"].capacity_bytes == int(0.9 * 64 * 2**20)
+    assert predicted["a_sim"].capacity_bytes == 64 * 2**20
+    assert (predicted["a"].collapse_round, predicted["a_sim"].collapse_round) == (5, 6)
+
+
+def test_a_vllm_engine_takes_its_model_and_length_from_the_scenario():
+    scenario = parse_scenario(VLLM)
+    assert scenario.kv.token_bytes == 2 * 8 * 2 * 64 * 2  # the tiny model's KV bytes per token
+    # the longest prompt and output (96 + 4 x 64 = 352 tokens) in whole blocks
+    assert scenario.vllm_max_model_len == 352
