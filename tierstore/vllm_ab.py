@@ -288,7 +288,7 @@ class VllmArm:
             "cached_tokens_reported": reported["cached"],
             "cached_tokens_agree": agrees,
             # a connector's put always lands in Mooncake's memory pool (one replica): the engine's client moves the
-            # bytes, so the pool's own client counts none of them
+            # bytes, so the pool's own client counts none of them (the vllm mapping counts them the same way)
             "written_bytes": {
                 tier: written + (int(d(("connector", "save_put"))) if tier == "dram" else 0)
                 for tier, written in tier_delta(tiers_before, tiers_after, "written_bytes").items()

@@ -162,6 +162,7 @@ def test_real_vllm_0_32_captures_map_every_kv_family(metrics_server, capture):
         )
         assert got[("kv.store.put.ops", store)] == 48 and got[("kv.store.get.ops", store)] == 33
         assert got[("kv.store.get.bytes", store)] == 8_421_376
+        assert got[("kv.tier.written.bytes", store)] == got[("kv.store.put.bytes", store)]  # one memory replica
         assert model("kv.prompt.tokens", source="external") == model("kv.prefix.hit.tokens", layer="external") > 0
     else:
         assert got[("kv.engine.preemptions", engine)] == 22
