@@ -86,14 +86,15 @@ class OwnedProcess:
         if not self.alive():
             raise ProcessError(f"{self.name} exited with status {self.popen.returncode}\n{self.tail()}")
 
-    def tail(self, lines: int = 20) -> str:
-        """The last lines of the log, for error messages."""
+    def tail(self, lines: int = 20, containing: str | None = None) -> str:
+        """The last lines of the log (only those `containing` a word, e.g. ERROR, when given), for error messages."""
         self._log_file.flush()
         try:
             text = self.log.read_text(errors="replace")
         except OSError:
             return ""
-        return "\n".join(f"  | {line}" for line in text.splitlines()[-lines:])
+        chosen = [line for line in text.splitlines() if containing is None or containing in line]
+        return "\n".join(f"  | {line}" for line in chosen[-lines:])
 
     def stop(self, timeout_s: float = 10.0) -> int:
         """SIGTERM, then SIGKILL after `timeout_s`, to the process's whole group (a server's own worker processes

@@ -154,10 +154,10 @@ class VllmServer:
             response = client.post(f"{self.url}/v1/chat/completions", json=body)
         except httpx.HTTPError as error:
             raise ProcessError(f"{self.process.name}: chat request failed: {error!r}\n{self.process.tail()}") from None
-        if response.status_code != 200:
+        if response.status_code != 200:  # the engine's own account of why is in its log's ERROR lines
             raise ProcessError(
                 f"{self.process.name}: chat answered {response.status_code}: {response.text[:500]}\n"
-                f"{self.process.tail()}"
+                f"{self.process.tail(25, containing='ERROR') or self.process.tail()}"
             )
         return response.json()
 

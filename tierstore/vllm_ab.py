@@ -113,7 +113,10 @@ class VllmArm:
             (self._dir / "mooncake.json").write_text(json.dumps(connector))
             model = tiny_model(scenario).build(self._dir / "model")
             # save_decode_cache: the blocks the engine generated are saved too, as vLLM's own prefix cache keeps them
+            # a load that fails (a lease that ran out, -707) is recomputed rather than failing the request: the miss
+            # is counted (connector_failed_keys) and the run goes on
             transfer = json.dumps({"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_both",
+                                   "kv_load_failure_policy": "recompute",
                                    "kv_connector_extra_config": {"save_decode_cache": True}})  # fmt: skip
             self.server = VllmServer(
                 model, self._dir, settings.gpu_blocks, scenario.block_tokens, scenario.vllm_max_model_len,
