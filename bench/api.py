@@ -25,7 +25,7 @@ Printed per endpoint: p50, p90, p99 and max latency over every measured request,
 per load, the CPU of the server process and of the generator (100% = one core), and the generator's worst lag
 behind a due time (its own health: a few ms).
 
-Goal (issue 5): p99 under 50 ms for both target endpoints at 200 requests/s, on this 2-core machine.
+Goal: p99 under 50 ms for both target endpoints at 200 requests/s, on this 2-core machine.
 
 Run: .venv/bin/python bench/api.py [--rate R] [--seconds S] [--slice S] [--warmup S] [--rounds-per-minute N]
      [--quick]

@@ -155,7 +155,8 @@ def wait_until(check: Callable[[], T], what: str, timeout_s: float, watch: Seque
 
 @dataclass(frozen=True, slots=True)
 class Listener:
-    """A listening TCP socket: its address as the kernel shows it ("127.0.0.1", "0.0.0.0", "::") and port."""
+    """A listening TCP socket: its address as the kernel shows it (127.0.0.1, or the IPv4 or IPv6 wildcard when it
+    listens on every interface) and port."""
 
     address: str
     port: int
