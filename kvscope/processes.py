@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -130,6 +132,21 @@ class OwnedProcess:
             return None
         line = next((line for line in status.splitlines() if line.startswith("VmHWM:")), None)
         return int(line.split()[1]) * 1024 if line else None
+
+
+def owned_directory(prefix: str) -> Path:
+    """A new empty temporary directory for the files of kvscope's processes, marked with kvscope's pid; first the
+    ones with this prefix that a killed kvscope left (its processes died with it, their files did not) are removed."""
+    for directory in Path(tempfile.gettempdir()).glob(f"{prefix}*"):
+        try:
+            owner = int((directory / "owner.pid").read_text())
+        except (OSError, ValueError):
+            continue
+        if not Path(f"/proc/{owner}").exists():
+            shutil.rmtree(directory, ignore_errors=True)
+    directory = Path(tempfile.mkdtemp(prefix=prefix))
+    (directory / "owner.pid").write_text(str(os.getpid()))
+    return directory
 
 
 def wait_until(check: Callable[[], T], what: str, timeout_s: float, watch: Sequence[OwnedProcess] = ()) -> T:

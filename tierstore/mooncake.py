@@ -37,7 +37,6 @@ import queue
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -48,7 +47,16 @@ import httpx
 
 from kvscope.exporters.mooncake import MooncakeTargetConfig
 from kvscope.exporters.scrape import Scraper, TargetState
-from kvscope.processes import HOST, OwnedProcess, ProcessError, free_port, listening_sockets, port_listens, wait_until
+from kvscope.processes import (
+    HOST,
+    OwnedProcess,
+    ProcessError,
+    free_port,
+    listening_sockets,
+    owned_directory,
+    port_listens,
+    wait_until,
+)
 from kvscope.tierstore import scenario as spec
 from kvscope.tierstore.store import Key, PrefixRead
 
@@ -71,7 +79,6 @@ ERROR_NAMES = {
     -1300: "UNABLE_OFFLOAD",
 }
 BUFFER_BYTES = 32 * 1024**2  # the client's registered buffer: reads and puts go through it in chunks of this size
-_TEMP_PREFIX = "kvscope-mooncake-"
 # KV-tier model instrument -> the tier counter it is (kvscope.tierstore.tier.TierCounters)
 _COUNTERS = {
     "kv.store.put.ops": "puts",
@@ -130,9 +137,7 @@ class MooncakeArm:
         self.ssd_in_path = len(arm.tiers) > 1
         self.processes: list[OwnedProcess] = []
         self.ports = {role: free_port() for role in ("metadata", "rpc", "metrics", "client_http")}
-        _sweep_stale_directories()
-        self.workdir = Path(tempfile.mkdtemp(prefix=_TEMP_PREFIX))
-        (self.workdir / "owner.pid").write_text(str(os.getpid()))
+        self.workdir = owned_directory("kvscope-mooncake-")
         self._answers: queue.Queue[str | None] = queue.Queue()
         self.client: OwnedProcess | None = None
         self.listening: dict[str, list[str]] = {}  # each process's listening sockets once the arm was ready
@@ -421,14 +426,3 @@ def _http_ok(url: str) -> bool:
         return httpx.get(url, timeout=1.0).status_code == 200
     except httpx.HTTPError:
         return False
-
-
-def _sweep_stale_directories() -> None:
-    """Remove arm directories left by a kvscope that was killed (its processes died with it, their files did not)."""
-    for directory in Path(tempfile.gettempdir()).glob(f"{_TEMP_PREFIX}*"):
-        try:
-            owner = int((directory / "owner.pid").read_text())
-        except (OSError, ValueError):
-            continue
-        if not Path(f"/proc/{owner}").exists():
-            shutil.rmtree(directory, ignore_errors=True)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -31,6 +30,7 @@ import httpx
 
 from kvscope.exporters.scrape import Scraper, TargetState
 from kvscope.exporters.vllm import VllmTargetConfig
+from kvscope.processes import owned_directory
 from kvscope.tierstore import scenario as spec
 from kvscope.tierstore.engine import EngineCounters
 from kvscope.tierstore.live import ENGINES
@@ -94,7 +94,7 @@ class VllmArm:
         self.system = published_as or f"{scenario.name}/{name}"
         settings = scenario.engine.vllm
         assert settings is not None
-        self._dir = Path(tempfile.mkdtemp(prefix="kvscope-vllm-"))
+        self._dir = owned_directory("kvscope-vllm-")
         self._loop = asyncio.new_event_loop()
         self._client = httpx.Client(timeout=120)
         self.server: VllmServer | None = None
