@@ -20,7 +20,7 @@ import jsonschema
 import pytest
 import yaml
 from support.proctree import alive, cmdline, descendants
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from kvscope.cli import app
 from kvscope.processes import listening_sockets, port_listens
@@ -39,7 +39,7 @@ def real_mooncake(require_real):
     require_real(missing is None, missing or "")
 
 
-def _ab_run(*args: str) -> dict:
+def _ab_run(*args: str) -> Result:
     result = CliRunner().invoke(app, ["ab", "run", *args])
     assert result.exit_code == 0, result.output
     return result

@@ -22,9 +22,9 @@ from pathlib import Path
 import httpx
 
 from kvscope.processes import HOST, OwnedProcess, ProcessError, free_port, wait_until
+from kvscope.tierstore.scenario import DTYPE_BYTES
 
 _SIDE = Path(__file__).resolve().parent / "vllm_side"
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
 def vllm_python() -> Path:

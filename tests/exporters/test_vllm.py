@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from pathlib import Path
 
 import pytest
+from support.scrape import collect_once
 
 from kvscope.exporters.base import CollectError
 from kvscope.exporters.config import parse_config
@@ -41,15 +41,7 @@ vllm:prefix_cache_queries_created{engine="0",model_name="m"} 1.7e9
 
 def scrape(url: str, **extra) -> tuple[list, list]:
     config = parse_config({"targets": [{"name": "vllm-a", "source": "vllm", "url": url, **extra}]}).targets[0]
-    collector = VllmCollector(config)
-
-    async def once():
-        try:
-            return await collector.collect()
-        finally:
-            await collector.close()
-
-    raw = asyncio.run(once())
+    raw = collect_once(VllmCollector(config))
     return raw, mapping_for("vllm").apply(raw, config.labels)
 
 

@@ -4,12 +4,12 @@ counts, and the mapped prefix-cache counters held against the engine's own answe
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
 from itertools import pairwise
 
 import httpx
 import pytest
+from support.scrape import collect_once
 
 from kvscope.exporters.normalizer import mapping_for
 from kvscope.exporters.vllm import VllmCollector
@@ -41,14 +41,7 @@ def server(tmp_path_factory):
 def scrape(server: VllmServer) -> tuple[dict, dict]:
     """Raw vLLM samples by (name, source label) and the normalized model by (instrument, layer), summed."""
     collector = VllmCollector(VllmCollector.Config(name="vllm-0", source="vllm", url=f"{server.url}/metrics"))
-
-    async def once():
-        try:
-            return await collector.collect()
-        finally:
-            await collector.close()
-
-    raw = asyncio.run(once())
+    raw = collect_once(collector)
     model: Counter = Counter()
     for sample in mapping_for("vllm").apply(raw, collector.config.labels):
         labels = sample.label_map
