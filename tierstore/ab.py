@@ -22,8 +22,9 @@ from kvscope.tierstore import scenario as spec
 from kvscope.tierstore.backends import make_backend
 from kvscope.tierstore.engine import EngineEmulator, Served
 from kvscope.tierstore.live import ENGINES
+from kvscope.tierstore.mooncake_tier import MooncakeTier
 from kvscope.tierstore.planner import Plan, plan
-from kvscope.tierstore.policies import make_policy
+from kvscope.tierstore.policies import MooncakePolicy, make_policy
 from kvscope.tierstore.store import KVStore, TieredStore
 from kvscope.tierstore.tier import Tier
 from kvscope.tierstore.workloads import make_workload
@@ -56,6 +57,11 @@ def build_store(
                 raise ValueError(f"arm {arm_name!r}, tier {tier.name!r}: the file backend needs a path or a workdir")
             path = workdir / f"{arm_name}-{tier.name}.blocks"
         backend = make_backend(tier.backend, tier.capacity, block_bytes, path, tier.o_direct)
+        if tier.policy == "mooncake":
+            settings = arm.mooncake_settings
+            policy = MooncakePolicy(settings.lease_ttl, settings.eviction_high_watermark, settings.eviction_ratio)
+            return MooncakeTier(tier.name, tier.capacity, policy, settings.request_interval,
+                                settings.put_retry_budget > 0, backend, tier.read_bandwidth)  # fmt: skip
         return Tier(tier.name, tier.capacity, make_policy(tier.policy), backend, tier.read_bandwidth)
 
     tiers = [build_tier(tier) for tier in arm.tiers]
@@ -70,7 +76,8 @@ def build_engine(scenario: spec.Scenario, store: KVStore) -> EngineEmulator:
     gpu = Tier("gpu", gpu_spec.capacity, make_policy(gpu_spec.policy)) if gpu_spec else None
     if real is not None:
         gpu = Tier("gpu", (real.gpu_blocks - 1) * scenario.block_bytes, make_policy("tail_first"))
-    return EngineEmulator(store, scenario.block_tokens, scenario.block_bytes, scenario.engine.prefill_tokens_per_s, gpu)
+    return EngineEmulator(store, scenario.block_tokens, scenario.block_bytes, scenario.engine.prefill_tokens_per_s, gpu,
+                          saves_whole_chain=real is not None)  # fmt: skip
 
 
 @dataclass

@@ -57,8 +57,12 @@ class EngineEmulator:
         block_bytes: int,
         prefill_tokens_per_s: float,
         gpu_cache: Tier | None = None,
+        saves_whole_chain: bool = False,
     ) -> None:
         self.store = store
+        # vLLM's Mooncake connector saves a request's every block (its existence check skips the stored ones, and
+        # Mooncake leases them); kvscope's client puts only the blocks after the hit
+        self.saves_whole_chain = saves_whole_chain
         self.block_tokens = block_tokens
         self.block_bytes = block_bytes
         self.prefill_tokens_per_s = prefill_tokens_per_s
@@ -72,7 +76,7 @@ class EngineEmulator:
         gpu_blocks = gpu.read_run(keys, 0, hittable)[0] if gpu else 0
         hit = self.store.read_prefix(keys, gpu_blocks, hittable)
         hit_blocks = gpu_blocks + hit.blocks
-        put_bytes = self.store.put(keys[hit_blocks:], self.block_bytes)
+        put_bytes = self.store.put(keys if self.saves_whole_chain else keys[hit_blocks:], self.block_bytes)
         if request.output_keys:
             put_bytes += self.store.put(request.output_keys, self.block_bytes)
         if gpu:

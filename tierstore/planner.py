@@ -149,7 +149,7 @@ def _predict_arm(
         capacity = sum(_holds(arm, tier) for tier in arm.tiers)
         how = "demote: tiers are exclusive, so their capacities add up"
     policy, evicts = holding.policy, holding.policy
-    if arm.store == "mooncake":
+    if arm.store == "mooncake" or arm.tiers[0].policy == "mooncake":
         watermark = arm.mooncake_settings.eviction_high_watermark
         how += f"; Mooncake evicts once its segment is above {watermark:g} of its size"
         # the objects whose lease (granted by every exist and get) ran out first: the least recently used
@@ -175,7 +175,7 @@ def _predict_arm(
 
 def _holds(arm: spec.ArmSpec, tier: spec.TierSpec) -> int:
     """What a tier holds before it starts evicting: a Mooncake segment evicts above its high watermark."""
-    if arm.store == "mooncake" and tier.name == "dram":
+    if (arm.store == "mooncake" and tier.name == "dram") or tier.policy == "mooncake":
         return int(tier.capacity * arm.mooncake_settings.eviction_high_watermark)
     return tier.capacity
 

@@ -10,9 +10,11 @@ and KeyError-terminated variants measured slower for the short runs of real trac
 
 from __future__ import annotations
 
+import heapq
+import math
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from itertools import repeat
+from itertools import count, repeat
 from typing import ClassVar
 
 Key = Hashable
@@ -91,7 +93,69 @@ class TailFirstPolicy(LruPolicy):
                 blocks.move_to_end(key)
 
 
-POLICIES: dict[str, type[EvictionPolicy]] = {policy.name: policy for policy in (LruPolicy, FifoPolicy, TailFirstPolicy)}
+class MooncakePolicy(EvictionPolicy):
+    """Mooncake's master, as mooncake-store/src/master_service.cpp has it (the store client's segment, the DRAM tier).
+
+    - exist and get (BatchExistKey, GetReplicaList) grant every object they find a read lease:
+      `lease_timeout = max(lease_timeout, now + lease_ttl)` (ObjectMetadata::GrantReadLease); a batch grants its
+      keys in order, so a chain's head is a little older than its tail;
+    - a put of a new object ends with a lease of 0 (PutEnd: `lease_timeout = now`); a put of a present key is a no-op
+      (the client's existence check skips it, and leases it);
+    - nothing is evicted on the way to a put: an allocation that does not fit is refused (-200, NO_AVAILABLE_HANDLE)
+      and flags the eviction thread (`need_mem_eviction_`);
+    - the eviction thread (EvictionThreadFunc, every 10 ms) runs BatchEvict when the segment is above the high
+      watermark or flagged: of the objects whose lease has expired it evicts the earliest lease timeouts first,
+      `ceil(objects x max(eviction_ratio, used - watermark + eviction_ratio))` of them at once.
+
+    `now` is the tier's clock, set by its MooncakeTier (kvscope.tierstore.mooncake_tier) at each request.
+    """
+
+    name = "mooncake"
+
+    def __init__(self, lease_ttl: float = 0.05, high_watermark: float = 0.9, eviction_ratio: float = 0.05) -> None:
+        super().__init__()
+        self.lease_ttl, self.high_watermark, self.eviction_ratio = lease_ttl, high_watermark, eviction_ratio
+        self.now = 0.0
+        self._lease: dict[Key, tuple[float, int]] = {}  # lease timeout, then the grant's order (its nanoseconds)
+        self._grants = count()
+        self.refresh = self.grant
+
+    def grant(self, key: Key) -> None:
+        """A read lease for a present block (exist or get)."""
+        timeout = self.now + self.lease_ttl
+        if self._lease[key][0] < timeout:
+            self._lease[key] = (timeout, next(self._grants))
+
+    def admit(self, keys: Sequence[Key], nbytes: int) -> None:
+        super().admit(keys, nbytes)
+        for key in keys:
+            self._lease[key] = (self.now, next(self._grants))
+
+    def pop_victim(self) -> tuple[Key, int]:
+        """The object with the earliest lease timeout (a tier overrun by one request evicts block by block)."""
+        key = min(self._lease, key=self._lease.__getitem__)
+        del self._lease[key]
+        return key, self._blocks.pop(key)
+
+    def discard(self, key: Key) -> int:
+        self._lease.pop(key, None)
+        return super().discard(key)
+
+    def batch_victims(self, used_ratio: float, flagged: bool) -> list[Key]:
+        """What one BatchEvict removes now (nothing below the watermark unless an allocation failed), oldest
+        lease first; the caller drops them."""
+        if not self._blocks or (used_ratio <= self.high_watermark and not flagged):
+            return []
+        target = max(self.eviction_ratio, used_ratio - self.high_watermark + self.eviction_ratio)
+        wanted = math.ceil(len(self._blocks) * target)
+        now = self.now
+        expired = [(lease, key) for key, lease in self._lease.items() if lease[0] <= now]
+        return [key for _, key in heapq.nsmallest(wanted, expired, key=lambda item: item[0])]
+
+
+POLICIES: dict[str, type[EvictionPolicy]] = {
+    policy.name: policy for policy in (LruPolicy, FifoPolicy, TailFirstPolicy, MooncakePolicy)
+}
 
 
 def make_policy(name: str) -> EvictionPolicy:

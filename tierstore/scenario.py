@@ -203,17 +203,29 @@ class ArmSpec(_Strict):
             raise ValueError(f"tier names must be unique within an arm, got {names}")
         if self.store == "mooncake":
             _check_mooncake_arm(self)
-        elif self.mooncake is not None or self.mirror:
-            raise ValueError("mooncake settings and mirror apply to store: mooncake only")
+        elif self.mirror:
+            raise ValueError("mirror applies to store: mooncake only")
+        elif any(tier.policy == "mooncake" for tier in self.tiers[1:] + self.attached):
+            raise ValueError("policy mooncake models a Mooncake segment: the first tier only")
+        elif self.mooncake is not None and self.tiers[0].policy != "mooncake":
+            raise ValueError("mooncake settings apply to store: mooncake, or to a first tier of policy: mooncake")
         return self
 
     @property
     def mooncake_settings(self) -> MooncakeSettings:
         return self.mooncake or MooncakeSettings()
 
-    def simulated(self) -> ArmSpec:
-        """The embedded store's model of this arm: the same tiers, placement and attached tiers."""
-        return self.model_copy(update={"store": "embedded", "mooncake": None, "mirror": False})
+    def simulated(self, client_retries: bool = True) -> ArmSpec:
+        """The embedded store's model of this arm: the same tiers, placement and attached tiers, its segment under
+        Mooncake's policy with the arm's settings. `client_retries`: whether the client that puts retries a refused
+        put (kvscope's own does; vLLM's connector does not)."""
+        settings = self.mooncake_settings
+        if not client_retries:
+            settings = settings.model_copy(update={"put_retry_budget": 0.0})
+        segment = self.tiers[0].model_copy(update={"policy": "mooncake"})
+        return self.model_copy(
+            update={"store": "embedded", "mooncake": settings, "mirror": False, "tiers": [segment, *self.tiers[1:]]}
+        )
 
 
 def _check_mooncake_arm(arm: ArmSpec) -> None:
@@ -367,7 +379,7 @@ class Scenario(_Strict):
         for name, arm in self.arms.items():
             arms[name] = arm
             if arm.mirror:
-                arms[f"{name}_sim"] = arm.simulated()
+                arms[f"{name}_sim"] = arm.simulated(client_retries=self.engine.kind != "vllm")
         return arms
 
     @property

@@ -102,7 +102,9 @@ class TieredStore:
         self.placement = placement
         self.promote_on_hit = promote_on_hit
         self._keeps_bytes = any(tier.backend.holds_bytes for tier in self.tiers)
-        self._only_tier = self.tiers[0] if len(self.tiers) == 1 else None
+        # tiers of a system whose lookups and clock change what it keeps (Mooncake's leases): told of each request
+        self._clocked = [(index, tier) for index, tier in enumerate(self.tiers) if type(tier).probe is not Tier.probe]
+        self._only_tier = self.tiers[0] if len(self.tiers) == 1 and not self._clocked else None
 
     def __contains__(self, key: Key) -> bool:
         return any(key in tier for tier in self.tiers)
@@ -121,6 +123,11 @@ class TieredStore:
         """Load the run of consecutive blocks from `start` present in some tier, as a connector's load does: the
         same segments prefix() finds, each served by its tier (hits, bytes, recency, checksums) as it is found."""
         end = len(keys) if stop is None or stop > len(keys) else stop
+        for index, tier in self._clocked:  # a request starts: the tier's clock moves, then the client's lookup
+            evicted = tier.tick(self._demotes(index))
+            if self._demotes(index):
+                self._demote(evicted, index + 1)
+            tier.probe(keys[start:end])
         if self._only_tier:  # one segment, found and read in one pass
             blocks, nbytes = self._only_tier.read_run(keys, start, end)
             return PrefixRead(blocks, [nbytes])
@@ -136,18 +143,23 @@ class TieredStore:
         return PrefixRead(position - start, read)
 
     def put(self, keys: Sequence[Key], nbytes: int) -> int:
-        """Save the blocks of `keys` that no tier holds (a connector checks existence first); returns bytes put."""
+        """Save the blocks of `keys` that no tier holds (a connector checks existence first); returns bytes put
+        (a tier that refuses what does not fit, as Mooncake's segment, may put fewer)."""
+        for _, tier in self._clocked:
+            tier.probe(keys)
         missing = self._missing(keys)
         if not missing:
             return 0
         payload = synthetic_payload if self._keeps_bytes else None
+        top = self.tiers[0].counters
+        before = top.put_bytes
         if self.placement == "replicate":
             for position, tier in enumerate(self.tiers):
                 tier.write(missing, nbytes, payload, is_put=position == 0)
         else:
             evicted = self.tiers[0].write(missing, nbytes, payload, is_put=True, keep_evicted=self._demotes(0))
             self._demote(evicted, 1)
-        return len(missing) * nbytes
+        return top.put_bytes - before
 
     def release(self, keys: Sequence[Key]) -> None:
         """The request that used this chain finished."""

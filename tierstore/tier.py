@@ -181,6 +181,15 @@ class Tier:
         """The request using this chain finished (chain-aware policies reorder its blocks)."""
         self.policy.release(keys)
 
+    def tick(self, keep_evicted: bool = False) -> list[Evicted]:
+        """A request starts. Only a tier on a clock (kvscope.tierstore.mooncake_tier) does anything, and may
+        evict: what it evicted."""
+        return []
+
+    def probe(self, keys: Sequence[Key]) -> None:
+        """The client's existence check before a read or a put. Only a tier whose system leases what such a check
+        finds (Mooncake) does anything."""
+
     def _make_room(self, needed: int, keep_evicted: bool) -> list[Evicted]:
         """Evict victims, as the policy orders them, until `needed` more bytes fit."""
         counters = self.counters

@@ -70,13 +70,21 @@ def test_what_a_real_backend_cannot_do_is_refused_naming_why(base, change, reaso
     assert reason in " ".join(str(refused.value).split())
 
 
-def test_a_mooncake_arm_holds_its_eviction_watermark_of_the_segment_and_its_mirror_the_whole_segment():
+def test_a_mooncake_arm_and_its_mirror_hold_the_eviction_watermark_of_the_segment():
     scenario = parse_scenario(changed(MOONCAKE, lambda s: arm(s).update(mirror=True)))
-    assert list(scenario.runnable_arms) == ["a", "a_sim"] and scenario.runnable_arms["a_sim"].store == "embedded"
+    assert list(scenario.runnable_arms) == ["a", "a_sim"]
+    mirror = scenario.runnable_arms["a_sim"]
+    assert mirror.store == "embedded" and mirror.tiers[0].policy == "mooncake"
+    assert mirror.mooncake == scenario.arms["a"].mooncake_settings  # the same lease, pacing and watermark
     predicted = plan(scenario).arms
-    assert predicted["a"].capacity_bytes == int(0.9 * 64 * 2**20)
-    assert predicted["a_sim"].capacity_bytes == 64 * 2**20
-    assert (predicted["a"].collapse_round, predicted["a_sim"].collapse_round) == (5, 6)
+    assert predicted["a"].capacity_bytes == predicted["a_sim"].capacity_bytes == int(0.9 * 64 * 2**20)
+    assert predicted["a"].collapse_round == predicted["a_sim"].collapse_round == 5
+
+
+def test_the_mirror_of_a_vllm_arm_puts_as_its_connector_does_without_retrying():
+    scenario = parse_scenario(changed(VLLM, lambda s: arm(s).update(mirror=True)))
+    assert scenario.runnable_arms["a_sim"].mooncake.put_retry_budget == 0
+    assert scenario.arms["a"].mooncake_settings.put_retry_budget > 0
 
 
 def test_a_vllm_engine_takes_its_model_and_length_from_the_scenario():

@@ -1,0 +1,120 @@
+"""The embedded model of a Mooncake segment, worked by hand: what exist, get, put and the eviction thread do, in
+which order, on the tier's clock of the requests (the real store is held against it in tests/test_mooncake_model.py).
+
+The segment holds 10 blocks of 100 B; requests are 0.1 s apart on the clock (`tick` starts the next one).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvscope.tierstore.mooncake_tier import MooncakeTier
+from kvscope.tierstore.policies import LruPolicy, MooncakePolicy
+from kvscope.tierstore.store import TieredStore
+from kvscope.tierstore.tier import Tier
+
+BLOCK = 100
+
+
+def segment(ttl: float = 0.05, watermark: float = 0.9, ratio: float = 0.05, retries: bool = True) -> MooncakeTier:
+    return MooncakeTier("dram", 10 * BLOCK, MooncakePolicy(ttl, watermark, ratio), 0.1, retries)
+
+
+def keys(prefix: str, count: int) -> list[str]:
+    return [f"{prefix}{index}" for index in range(count)]
+
+
+def held(tier: Tier) -> list[str]:
+    return sorted(map(str, tier.policy.keys()))
+
+
+def request(tier: MooncakeTier, reads: list[str] = (), puts: list[str] = ()) -> list[str]:
+    """One request as kvscope's client makes it: the clock moves, exist over the reads, exist then put; the keys
+    evicted on the way."""
+    evicted = [block.key for block in tier.tick()]
+    tier.probe(reads)
+    tier.probe(puts)
+    missing = [key for key in puts if key not in tier]
+    if missing:
+        evicted += [block.key for block in tier.write(missing, BLOCK, is_put=True)]
+    return evicted
+
+
+def test_nothing_is_evicted_at_the_watermark_and_above_it_a_batch_goes_oldest_first():
+    tier = segment()
+    assert request(tier, puts=keys("a", 9)) == []  # 0.9 of the segment: not above the watermark
+    # 1.0 > 0.9: one batch of ceil(10 x max(0.05, 1.0 - 0.9 + 0.05)) = 2 objects, the earliest lease timeouts
+    assert request(tier, puts=["b0"]) == ["a0", "a1"]
+    assert tier.counters.allocated_bytes == 8 * BLOCK and tier.counters.evictions == 2
+
+
+def test_a_chain_looked_up_keeps_its_lease_and_the_blocks_put_since_go_first():
+    """A lease longer than the requests' spacing (the plateau): the chain read last stays, newer puts go."""
+    tier = segment(ttl=1.0)
+    request(tier, puts=keys("a", 5))  # t=0
+    request(tier, puts=keys("b", 4))  # t=0.1
+    # t=0.2: a read leases a0..a4 until 1.2; the put of c0 fills the segment; b0, b1 (lease 0.1) are the oldest
+    assert request(tier, reads=keys("a", 5), puts=["c0"]) == ["b0", "b1"]
+
+
+def test_a_leased_block_is_never_evicted_however_large_the_batch():
+    tier = segment(ttl=1.0, ratio=0.5)
+    request(tier, puts=keys("a", 9))
+    # t=0.1: a is leased until 1.1; the batch would take ceil(10 x 0.6) = 6 objects, but only b0's lease has expired
+    assert request(tier, reads=keys("a", 9), puts=["b0"]) == ["b0"]
+    assert held(tier) == keys("a", 9)
+
+
+def test_a_lease_that_ran_out_no_longer_protects():
+    tier = segment(ttl=0.15)
+    request(tier, puts=keys("a", 5))  # t=0
+    request(tier, reads=keys("a", 5), puts=keys("b", 4))  # t=0.1: a leased until 0.25
+    assert request(tier, puts=["c0"]) == ["b0", "b1"]  # t=0.2: a is leased, b (0.1) is the oldest
+    assert request(tier, puts=["d0", "d1"]) == ["b2", "b3"]  # t=0.3: a's lease ran out, but at 0.25
+    assert request(tier, puts=["e0", "e1"]) == ["c0", "a0"]  # t=0.4: c0 (0.2), then a's head (0.25)
+
+
+def test_one_lookup_grants_its_keys_in_order_so_the_first_read_is_evicted_first():
+    """Mooncake takes `now` per key: a chain's head, looked up first, is a little older than its tail."""
+    tier = segment()
+    request(tier, puts=keys("a", 9))  # t=0
+    request(tier, reads=keys("a", 9)[::-1])  # t=0.1: leased until 0.15, a8 first
+    assert request(tier, puts=["b0"]) == ["a8", "a7"]  # t=0.2: every lease ran out; the earliest grants go
+
+
+def test_a_put_that_does_not_fit_is_refused_and_a_client_that_does_not_retry_loses_it():
+    tier = segment(watermark=1.0, retries=False)  # no eviction before the segment is full
+    request(tier, puts=keys("a", 9))
+    evicted = request(tier, puts=keys("b", 3))  # b0 fits, b1 and b2 are refused (-200)
+    assert "b0" in tier and "b1" not in tier and "b2" not in tier and tier.refused == 2
+    # the failed allocation flagged the eviction thread: it evicts though the segment is not above the watermark
+    assert evicted == ["a0"]
+
+
+def test_a_retrying_client_gets_its_blocks_in_once_the_thread_has_evicted():
+    tier = segment(watermark=1.0, retries=True)
+    request(tier, puts=keys("a", 10))
+    assert request(tier, puts=keys("b", 2)) == ["a0", "a1"]  # one object a pass, each pass making room for one
+    assert "b0" in tier and "b1" in tier and tier.refused == 0
+
+
+def test_a_put_of_a_present_block_leases_it_instead_of_writing_it():
+    tier = segment(ttl=1.0)
+    request(tier, puts=keys("a", 5))
+    request(tier, puts=keys("b", 4))
+    request(tier, puts=["a0", "a1", "a2", "a3", "a4"])  # present: only leased (until 1.2), nothing written
+    assert tier.counters.puts == 9
+    assert request(tier, puts=["c0"]) == ["b0", "b1"]
+
+
+@pytest.mark.parametrize("placement", ["demote", "replicate"])
+def test_in_a_tiered_store_what_the_segment_evicts_is_offloaded_when_demoting(placement):
+    ssd = Tier("ssd", 100 * BLOCK, LruPolicy())
+    store = TieredStore([segment(), ssd], placement)
+    for session in "abcd":
+        store.read_prefix(keys(session, 3))
+        store.put(keys(session, 3), BLOCK)
+    assert store.tiers[0].counters.evictions > 0
+    evicted = [key for key in keys("a", 3) if key not in store.tiers[0]]
+    assert evicted and all(key in ssd for key in evicted)
+    assert store.read_prefix(keys("a", 3)).blocks == 3  # the chain is whole across the two tiers

@@ -1,0 +1,109 @@
+"""The embedded model of a Mooncake segment: a tier whose evictions are Mooncake's, on a clock of the requests.
+
+A real Mooncake store decides what to evict by time: the leases its lookups grant and the eviction thread's
+batches (kvscope.tierstore.policies.MooncakePolicy says what each does, after Mooncake's master). This tier runs
+that policy on a simulated clock that advances `request_interval` a request (`tick`, at each prefix read), as a
+paced real arm's requests do, and follows the client's path to a put: an existence check that leases what it finds
+(`probe`), a batch allocation that refuses what does not fit, the eviction thread after it; a client that retries a
+refused put (kvscope's own Mooncake client, within its budget) retries once the thread has evicted, one that does
+not (vLLM's connector) loses those blocks (`refused`).
+
+What it leaves out: the offload of an evicted block to the SSD tier is immediate (Mooncake frees the memory once the
+offload heartbeat wrote it), and soft pins, replicas and several segments do not exist here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvscope.tierstore.backends import Backend
+from kvscope.tierstore.policies import Key, MooncakePolicy
+from kvscope.tierstore.tier import Evicted, PayloadSource, Tier
+
+
+class MooncakeTier(Tier):
+    def __init__(
+        self,
+        name: str,
+        capacity: int,
+        policy: MooncakePolicy,
+        request_interval: float,
+        retries_refused: bool,
+        backend: Backend | None = None,
+        read_bandwidth: float | None = None,
+    ) -> None:
+        super().__init__(name, capacity, policy, backend, read_bandwidth)
+        self.mooncake = policy
+        self.request_interval = request_interval
+        self.retries_refused = retries_refused
+        self.refused = 0  # blocks whose put was refused for good
+        self._flagged = False  # an allocation failed: the eviction thread evicts even below the watermark
+        self._requests = 0
+
+    def tick(self, keep_evicted: bool = False) -> list[Evicted]:
+        """A request starts: the clock moves to its slot, and the eviction thread has run meanwhile."""
+        self.mooncake.now = self._requests * self.request_interval
+        self._requests += 1
+        return self._evict(keep_evicted)
+
+    def probe(self, keys: Sequence[Key]) -> None:
+        """The client's existence check over `keys`: every present block is leased."""
+        index, grant = self._index, self.mooncake.grant
+        for key in keys:
+            if key in index:
+                grant(key)
+
+    def write(
+        self,
+        keys: Sequence[Key],
+        nbytes: int,
+        payload: PayloadSource | None = None,
+        *,
+        is_put: bool,
+        keep_evicted: bool = False,
+    ) -> list[Evicted]:
+        """Allocate the blocks that fit, in order; refused ones are retried after an eviction if the client
+        retries. Then the eviction thread runs (the blocks just put have a lease of 0: they may go at once)."""
+        refused = self._allocate(keys, nbytes, payload, is_put)
+        evicted: list[Evicted] = []
+        while refused:
+            self._flagged = True
+            if not self.retries_refused:
+                break
+            freed = self._evict(keep_evicted)
+            if not freed:
+                break
+            evicted += freed
+            refused = self._allocate(refused, nbytes, payload, is_put)
+        self.refused += len(refused)
+        return evicted + self._evict(keep_evicted)
+
+    def _allocate(self, keys: Sequence[Key], nbytes: int, payload: PayloadSource | None, is_put: bool) -> list[Key]:
+        """Store the blocks that fit in the free space, in order; the refused rest."""
+        counters = self.counters
+        fitting = max(0, min(len(keys), (counters.capacity_bytes - counters.allocated_bytes) // nbytes))
+        if fitting:
+            super().write(keys[:fitting], nbytes, payload, is_put=is_put)
+        return list(keys[fitting:])
+
+    def _evict(self, keep_evicted: bool) -> list[Evicted]:
+        """One pass of Mooncake's eviction thread."""
+        counters = self.counters
+        victims = self.mooncake.batch_victims(counters.allocated_bytes / counters.capacity_bytes, self._flagged)
+        if not victims:
+            return []
+        self._flagged = False
+        backend = self.backend if self.backend.holds_bytes else None
+        evicted = []
+        for key in victims:
+            size = self.mooncake.discard(key)
+            data = None
+            if backend is not None:
+                data = backend.load(key) if keep_evicted else None
+                backend.drop(key)
+            evicted.append(Evicted(key, size, data))
+        freed = sum(block.nbytes for block in evicted)
+        counters.allocated_bytes -= freed
+        counters.evictions += len(evicted)
+        counters.evicted_bytes += freed
+        return evicted
