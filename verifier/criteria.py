@@ -8,7 +8,9 @@ a `passed` column; a criterion passes when it returned rows and every row passed
 
 Counter increases follow Prometheus' increase() across resets: a sample lower than the one before it starts a new
 counter, whose value counts from zero. Unlike increase(), nothing is extrapolated past the first and last sample:
-the increase is what the run's samples show. Gauges are measured as the criterion says (last - first, max - min...).
+the increase is what the run's samples show, and a counter series that first appears after its target's first
+scrape of the run was born during it (Mooncake exports its SSD counters only once it wrote to the SSD), so it counts
+from zero too (whole-run criteria). Gauges are measured as the criterion says (last - first, max - min...).
 Whole-run criteria read the per-batch chunk summaries (schema.py) rather than every sample; per-round and
 per-reset criteria read the samples.
 Before a query runs, every metric it reads must have samples in its run (at least two per series for a delta):
@@ -544,13 +546,17 @@ def _per_series(run: Run, metric: Metric) -> str:
     SELECT s.series_id, s.target, s.labels, s.kind, sum(c.samples) AS samples,
            min(c.first_ts) AS first_ts, max(c.last_ts) AS last_ts,
            sum(c.increase + CASE WHEN c.prev_last IS NULL THEN 0 WHEN c.first_value < c.prev_last THEN c.first_value
-                                 ELSE c.first_value - c.prev_last END) AS increase,
+                                 ELSE c.first_value - c.prev_last END)
+           + CASE WHEN s.kind = 'counter' AND min(c.first_ts) > any_value(t.target_first_ts)
+                  THEN arg_min(c.first_value, c.first_ts) ELSE 0 END AS increase,
            sum(c.resets + CASE WHEN c.first_value < c.prev_last THEN 1 ELSE 0 END) AS resets,
            arg_min(c.first_value, c.first_ts) AS first_value, arg_max(c.last_value, c.last_ts) AS last_value,
            min(c.min_value) AS min_value, max(c.max_value) AS max_value
     FROM series s
     JOIN (SELECT *, lag(last_value) OVER (PARTITION BY series_id ORDER BY first_ts) AS prev_last FROM sample_chunks
           WHERE series_id IN (SELECT series_id FROM series WHERE {_series_filter(run, metric)})) c USING (series_id)
+    JOIN (SELECT ts.target, min(tc.first_ts) AS target_first_ts FROM series ts JOIN sample_chunks tc USING (series_id)
+          WHERE ts.run_id = {run.run_id} GROUP BY ts.target) t ON t.target = s.target
     GROUP BY s.series_id, s.target, s.labels, s.kind"""
 
 

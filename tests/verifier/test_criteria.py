@@ -30,6 +30,27 @@ def test_increase_across_a_reset_counts_the_new_counter_from_zero(recording):
     assert outcome.passed
 
 
+def test_a_counter_born_during_the_run_counts_from_zero(recording):
+    """The target was scraped at 1000 s without the series; it appears at 1002 s with 7 (Mooncake's SSD counters
+    appear with the first offload): 7 + 3 happened in the run. A series there from the first scrape does not count
+    its first value."""
+    recording.add("a", "kv.tier.allocated.bytes", [0, 0, 0, 0], kind="gauge", tier="dram")  # the target's first scrape
+    recording.add("a", "kv.tier.written.bytes", [7, 10], start=1002.0, tier="ssd")
+    recording.add("a", "kv.tier.written.bytes", [5, 6, 9, 9], tier="dram")
+    outcome = judge(
+        recording,
+        {
+            "name": "w",
+            "kind": "positive_delta",
+            "metric": "kv.tier.written.bytes",
+            "run": "a",
+            "expect": ["dram", "ssd"],
+        },
+        ("a",),
+    )
+    assert {row["tier"]: row["written"] for row in outcome.rows} == {"dram": 4, "ssd": 10}
+
+
 def test_a_counter_that_restarts_at_zero_and_stays_there_did_not_move(recording):
     recording.add("a", "kv.tier.written.bytes", [10, 0, 0], tier="nof")
     outcome = judge(
