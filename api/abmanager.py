@@ -34,7 +34,8 @@ class Busy(RuntimeError):
 
 
 def _uses_real_store(scenario: Scenario) -> bool:
-    return any(arm.store != "embedded" for arm in scenario.arms.values())
+    """Whether an arm is served by real processes (a Mooncake store, a vLLM engine)."""
+    return any(scenario.served_apart(name) for name in scenario.arms)
 
 
 @dataclass
@@ -42,6 +43,7 @@ class ArmState:
     run: str
     prediction: dict
     store: str  # which store serves the arm: embedded, mooncake, or "embedded (mirror of <arm>)"
+    engine: str  # which engine: vllm (a real server), or the emulator (of vLLM's prefix cache, for a vLLM mirror)
     rows: list[dict] = field(default_factory=list)
     observed_collapse_round: int | None = None
 
@@ -75,6 +77,7 @@ class ABTest:
                 name: {
                     "run": arm.run,
                     "store": arm.store,
+                    "engine": arm.engine,
                     "rounds_done": len(arm.rows),
                     "prediction": arm.prediction,
                     "observed_collapse_round": arm.observed_collapse_round,
@@ -126,7 +129,8 @@ class ABManager:
             test = ABTest(f"ab-{next(self._ids)}", scenario, rounds_per_minute, len(the_plan.rounds))
             self._tests[test.id] = test
         for name, arm in scenario.runnable_arms.items():
-            test.arms[name] = ArmState(f"{test.id}/{name}", the_plan.arm_json(name), _store_of(name, arm, scenario))
+            test.arms[name] = ArmState(f"{test.id}/{name}", the_plan.arm_json(name), _store_of(name, arm, scenario),
+                                       _engine_of(name, scenario))  # fmt: skip
         test.thread = threading.Thread(target=self._run, args=(test, the_plan), name=test.id, daemon=True)
         test.thread.start()
         return test
@@ -269,7 +273,15 @@ class ABManager:
 
 
 def _store_of(name: str, arm: ArmSpec, scenario: Scenario) -> str:
+    if not arm.tiers:
+        return "none"
     return arm.store if name in scenario.arms else f"embedded (mirror of {name.removesuffix('_sim')})"
+
+
+def _engine_of(name: str, scenario: Scenario) -> str:
+    if scenario.engine.kind != "vllm":
+        return "emulator"
+    return "vllm" if name in scenario.arms else "emulator (vLLM's prefix cache modelled)"
 
 
 def _no_collapse_per_arm(test: ABTest) -> CriteriaFile:

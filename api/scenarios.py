@@ -15,7 +15,16 @@ MAX_REAL_BYTES = 2 * 1024**3  # memory and file backends hold real bytes
 # (request_interval): bound both, and the requests, so one A/B takes minutes, not hours.
 MAX_MOONCAKE_SEGMENT = 1024**3
 MAX_MOONCAKE_SSD = 4 * 1024**3
-MAX_MOONCAKE_REQUESTS = 2_000  # sessions x rounds
+# The example body of the OpenAPI documentation: two policies on a small embedded DRAM tier
+EXAMPLE_SCENARIO = {
+    "name": "small",
+    "workload": {"kind": "multi_round", "sessions": 4, "rounds": 3, "first_prompt_tokens": 512,
+                 "user_tokens": 128, "output_tokens": 64},
+    "kv": {"block_tokens": 128, "bytes_per_token": 1024},
+    "arms": {"lru": {"tiers": [{"name": "dram", "capacity": 1048576}]},
+             "tail_first": {"tiers": [{"name": "dram", "capacity": 1048576, "policy": "tail_first"}]}},
+}  # fmt: skip
+MAX_REAL_REQUESTS = 2_000  # sessions x rounds
 MAX_MOONCAKE_INTERVAL_S = 1.0
 MAX_VLLM_GPU_BLOCKS = 4096  # a real vLLM engine's prefix cache, in blocks (its KV cache is reserved up front)
 
@@ -38,11 +47,24 @@ def accept(scenario: Scenario) -> Scenario:
             if tier.backend != "accounting" and tier.capacity > MAX_REAL_BYTES:
                 limit = f"a {tier.backend} tier holds real bytes: at most {MAX_REAL_BYTES:,} B over the API"
                 problems.append(("arms", arm_name, "tiers", tier.name, "capacity", limit))
-    problems += _real_store_limits(scenario)
+    problems += _real_store_limits(scenario) + _real_components_missing(scenario)
     if problems:
         detail = [{"loc": ["body", "scenario", *p[:-1]], "msg": p[-1], "type": "value_error"} for p in problems]
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail)
     return scenario
+
+
+def _real_components_missing(scenario: Scenario) -> list[tuple]:
+    """A real Mooncake store or vLLM engine the scenario needs and this service cannot run, named with why."""
+    from kvscope.tierstore.mooncake import mooncake_missing
+    from kvscope.tierstore.vllm import vllm_missing
+
+    problems: list[tuple] = []
+    if any(arm.store == "mooncake" for arm in scenario.arms.values()) and (missing := mooncake_missing()):
+        problems.append(("arms", f"a real Mooncake store cannot run on this service: {missing}"))
+    if scenario.engine.kind == "vllm" and (missing := vllm_missing()):
+        problems.append(("engine", "kind", f"a real vLLM engine cannot run on this service: {missing}"))
+    return problems
 
 
 def _real_store_limits(scenario: Scenario) -> list[tuple]:
@@ -64,11 +86,12 @@ def _real_store_limits(scenario: Scenario) -> list[tuple]:
         if interval > MAX_MOONCAKE_INTERVAL_S:
             msg = f"at most {MAX_MOONCAKE_INTERVAL_S:g} s between requests over the API"
             problems.append(("arms", name, "mooncake", "request_interval", msg))
-        w = scenario.workload
-        if w.kind == "multi_round" and w.sessions * w.rounds > MAX_MOONCAKE_REQUESTS:
-            requests = w.sessions * w.rounds
-            msg = f"{requests:,} requests on a real store; the service runs at most {MAX_MOONCAKE_REQUESTS:,}"
-            problems.append(("workload", msg))
+    w = scenario.workload
+    real = any(scenario.served_apart(name) for name in scenario.arms)
+    if real and w.kind == "multi_round" and w.sessions * w.rounds > MAX_REAL_REQUESTS:
+        requests = w.sessions * w.rounds
+        msg = f"{requests:,} requests on a real store or engine; the service runs at most {MAX_REAL_REQUESTS:,}"
+        problems.append(("workload", msg))
     return problems
 
 

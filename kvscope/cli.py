@@ -153,6 +153,11 @@ def ab_run(
 
         if missing := mooncake_missing():
             raise fail(f"{scenario}: an arm needs a real Mooncake store, which cannot run here: {missing}")
+    if spec.engine.kind == "vllm":
+        from kvscope.tierstore.vllm import vllm_missing
+
+        if missing := vllm_missing():
+            raise fail(f"{scenario}: the arms need a real vLLM engine, which cannot run here: {missing}")
     recorder = _ab_recorder(db, spec, scenario) if db else None
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
@@ -166,13 +171,13 @@ def ab_run(
             if recorder:
                 recorder.finish()
                 recorder.db.close()
+    if json_out:  # first: what was measured is kept whatever the printing below does
+        write_json(json_out, result)
     if recorder:
         console.print(f"recorded runs {', '.join(run.name for run in recorder.runs)} in {db}")
     console.print(rounds_table(result))
     for line in verdict_lines(result) + store_lines(result):
         console.print(line, highlight=False)
-    if json_out:
-        write_json(json_out, result)
     if plot:
         plot.parent.mkdir(parents=True, exist_ok=True)
         draw(result, plot)

@@ -1,10 +1,10 @@
 """The published stack with nothing simulated: `engine.kind: vllm` arms, a real vLLM engine each, through Mooncake's
-own vLLM connector into a real Mooncake store (examples/vllm_mooncake_dram_vs_ssd.yaml).
+own vLLM connector into a real Mooncake store: the collapse example (examples/vllm_mooncake_dram_vs_ssd.yaml), the
+media criteria on the recorded series of the parity example (examples/vllm_mooncake_media_parity.yaml), and what a
+killed kvscope leaves behind.
 
 Needs the vLLM virtualenv (`make vllm-env`) and the real Mooncake: skipped without them, failed under
-KVSCOPE_REQUIRE_REAL=1. The example takes about 3 minutes here, half of it the two servers' start-up. Once the
-arms' DRAM is full their hit ratios depend on timing (Mooncake's leases against vLLM's lookup-to-load gap): the test
-holds what held in every run, the planner's collapse round, the exact ideal before it, every prompt token accounted.
+KVSCOPE_REQUIRE_REAL=1. Each example takes 2-3 minutes here, more than half of it the two servers' start-up.
 """
 
 from __future__ import annotations
@@ -22,11 +22,13 @@ from support.proctree import alive, cmdline, descendants
 from typer.testing import CliRunner
 
 from kvscope.cli import app
+from kvscope.processes import listening_sockets, port_listens
 from kvscope.tierstore.mooncake import mooncake_missing
 from kvscope.tierstore.vllm import vllm_missing
 
 ROOT = Path(__file__).parents[1]
 EXAMPLE = ROOT / "examples" / "vllm_mooncake_dram_vs_ssd.yaml"
+PARITY = ROOT / "examples" / "vllm_mooncake_media_parity.yaml"
 
 
 @pytest.fixture
@@ -35,71 +37,115 @@ def real_stack(require_real):
         require_real(missing is None, missing or "")
 
 
+def _ab_run(scenario: Path, *args: str) -> None:
+    result = CliRunner().invoke(app, ["ab", "run", str(scenario), *args])
+    assert result.exit_code == 0, result.output
+
+
+def _conserved_and_agreeing(arm: dict) -> None:
+    """Every prompt token came from exactly one place (vLLM's cache, the store, recomputed), every round, and the
+    engine's responses say the same."""
+    assert arm["engine"]["kind"] == "vllm" and arm["engine"]["cached_tokens_disagreements"] == 0
+    for row in arm["rounds"]:
+        recomputed = round(row["recompute_tokens_per_request"] * row["requests"])
+        assert row["gpu_hit_tokens"] + row["external_hit_tokens"] + recomputed == row["query_tokens"], row
+        assert row["cached_tokens_agree"], row
+    assert all(listener.startswith("127.0.0.1:") for listener in arm["engine"]["listening"])
+
+
+def _mirrors_agree(data: dict, name: str) -> None:
+    """The embedded store's model of the arm (vLLM's blocks freed tail first, then Mooncake's policy) is within
+    0.05 of the real arm every round but one: the round after a collapse begins, where the real arm itself is not
+    reproducible (0.118 and 0.059 in two runs of the same example, the model 0.162): within 0.15 there."""
+    real, model = data["arms"][name]["rounds"], data["arms"][f"{name}_sim"]["rounds"]
+    assert [r["query_tokens"] for r in model] == [r["query_tokens"] for r in real]
+    gaps = [round(abs(a["hit_ratio"] - b["hit_ratio"]), 3) for a, b in zip(real, model, strict=True)]
+    collapse = data["arms"][name]["observed_collapse_round"]
+    loose = {collapse + 1} if collapse else set()
+    assert all(gap <= (0.15 if number in loose else 0.05) for number, gap in enumerate(gaps, 1)), (name, gaps)
+
+
 def test_real_vllm_and_mooncake_collapse_where_the_planner_says(real_stack, tmp_path):
     out = tmp_path / "result.json"
-    result = CliRunner().invoke(app, ["ab", "run", str(EXAMPLE), "--json", str(out)])
-    assert result.exit_code == 0, result.output
+    _ab_run(EXAMPLE, "--json", str(out))
     data = json.loads(out.read_text())
     jsonschema.validate(data, json.loads((ROOT / "tierstore" / "ab_result.schema.json").read_text()))
     dram_only, tiered = data["arms"]["dram_only"], data["arms"]["tiered"]
-
-    table = [(r["round"], r["ideal_hit_ratio"], r["hit_ratio"], t["hit_ratio"], r["connector_failed_keys"])
+    table = [(r["round"], r["ideal_hit_ratio"], r["hit_ratio"], t["hit_ratio"], r["late_s"], r["connector_failed_keys"])
              for r, t in zip(dram_only["rounds"], tiered["rounds"], strict=True)]  # fmt: skip
+
     predicted = dram_only["prediction"]["collapse_round"]
     assert predicted is not None and abs(dram_only["observed_collapse_round"] - predicted) <= 1, table
-    # How deep the DRAM-only arm falls depends on timing here: with vLLM's lease of seconds, a put finds every recent
-    # object leased, is refused (connector_failed_keys) and the older chains stay; alone on the machine the last
-    # round hits ~3%, inside the whole suite up to ~60%. What holds either way: it is far from its ideal.
-    # The tiered arm keeps its ideal until its DRAM fills; then whether a save finds room depends on the same
-    # timing (a leased pool refuses it, offload on evict frees room a heartbeat later): measured 0 to 0.05 below.
-    last = dram_only["rounds"][-1]
-    assert last["hit_ratio"] < 0.9 * last["ideal_hit_ratio"], table
-    for row in tiered["rounds"][:6]:  # nothing is evicted yet: the engine and the store serve exactly the ideal
-        assert abs(row["hit_ratio"] - row["ideal_hit_ratio"]) <= 0.01, table
-    assert tiered["observed_collapse_round"] is None or tiered["rounds"][-1]["hit_ratio"] > last["hit_ratio"], table
+    assert dram_only["rounds"][-1]["hit_ratio"] < 0.1, table
+    for row in tiered["rounds"]:
+        assert abs(row["hit_ratio"] - row["ideal_hit_ratio"]) <= 0.03, table
     for arm in (dram_only, tiered):
-        assert arm["engine"]["kind"] == "vllm" and arm["engine"]["cached_tokens_disagreements"] == 0
-        for row in arm["rounds"]:
-            # every prompt token came from exactly one place, and the engine's responses say the same
-            assert (
-                row["gpu_hit_tokens"]
-                + row["external_hit_tokens"]
-                + round(row["recompute_tokens_per_request"] * row["requests"])
-                == row["query_tokens"]
-            )
-            assert row["cached_tokens_agree"], row
-        assert all(listener.startswith("127.0.0.1:") for listener in arm["engine"]["listening"])
-    # the store serves what vLLM's own cache lost: external hits once round 1 was saved
-    assert sum(row["external_hit_tokens"] for row in tiered["rounds"][1:]) > 0
+        _conserved_and_agreeing(arm)
+        # vLLM's own cache holds less than a round: the store serves hits from round 2 on
+        assert all(row["external_hit_tokens"] > 0 for row in arm["rounds"][1:6]), table
     assert tiered["totals"]["written_bytes"]["ssd"] > 0
-    # the embedded store's simulation of each arm (a tail-first GPU tier of the same blocks, then the store)
     for name in ("dram_only", "tiered"):
-        simulated = data["arms"][f"{name}_sim"]["rounds"]
-        for real, model in zip(data["arms"][name]["rounds"], simulated, strict=True):
-            assert real["query_tokens"] == model["query_tokens"]
+        _mirrors_agree(data, name)
 
 
-def test_sigkill_of_ab_run_leaves_no_vllm_process(real_stack, tmp_path):
-    """kvscope killed with SIGKILL while a vLLM arm starts: its server and the server's own worker processes go."""
+def test_media_criteria_pass_on_the_recorded_real_vllm_and_mooncake_series(real_stack, tmp_path):
+    db, out = tmp_path / "runs.duckdb", tmp_path / "result.json"
+    _ab_run(PARITY, "--db", str(db), "--json", str(out))
+    data = json.loads(out.read_text())
+    for name in ("dram_only", "tiered"):
+        arm = data["arms"][name]
+        _conserved_and_agreeing(arm)
+        for row in arm["rounds"]:  # the regime of the published test: neither arm loses a hit
+            assert abs(row["hit_ratio"] - row["ideal_hit_ratio"]) <= 0.01, (name, row)
+    # vLLM alone: its prefix cache (23 blocks, less than a round of the 8 sessions) is all there is
+    alone = data["arms"]["vllm_alone"]
+    _conserved_and_agreeing(alone)
+    assert alone["store"] == {"kind": "none"}
+    assert all(row["external_hit_tokens"] == 0 for row in alone["rounds"])
+    assert sum(row["hit_tokens"] for row in alone["rounds"]) < 0.5 * sum(
+        row["hit_tokens"] for row in data["arms"]["dram_only"]["rounds"]
+    )
+    _mirrors_agree(data, "vllm_alone")
+    arguments = ["verify", "--db", str(db), "--criteria", str(ROOT / "criteria" / "media.yaml"), "--param",
+                 "lower_tier=ssd", "--run", "vllm_mooncake_media_parity/dram_only", "--run",
+                 "vllm_mooncake_media_parity/tiered", "--json", str(tmp_path / "verdicts.json")]  # fmt: skip
+    verified = CliRunner().invoke(app, arguments)
+    assert verified.exit_code == 0, verified.output
+    verdicts = json.loads((tmp_path / "verdicts.json").read_text())["verdicts"]
+    documents = {v["document"]["criterion"]["name"]: v["document"] for v in verdicts}
+    assert set(documents) == {"save_parity", "load_parity", "nof_delta_zero", "both_tiers_written"}
+    assert all(document["passed"] for document in documents.values())
+    written = {row["tier"]: row["written"] for row in documents["both_tiers_written"]["observed"]}
+    assert written["dram"] > 0 and written["ssd"] > 0
+
+
+def test_sigkill_of_ab_run_mid_run_leaves_no_vllm_or_mooncake_process_and_no_port(real_stack, tmp_path):
+    """kvscope killed with SIGKILL while its arms serve requests: the vLLM servers with their engine cores and
+    workers, and the Mooncake processes, all go, and nothing they listened on still listens."""
     script = Path(sys.executable).with_name("kvscope")
     command = [str(script)] if script.exists() else [sys.executable, "-c", "from kvscope.cli import app; app()"]
     kvscope = subprocess.Popen([*command, "ab", "run", str(EXAMPLE)], stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL, cwd=tmp_path)  # fmt: skip
     try:
-        deadline, engine = time.monotonic() + 240, []
-        while time.monotonic() < deadline and not engine:  # a vLLM server with its engine core below it
+        deadline, serving = time.monotonic() + 240, []
+        while time.monotonic() < deadline and len(serving) < 2:  # both servers answer on their HTTP port
             servers = [pid for pid in descendants(kvscope.pid) if b"vllm_side/serve.py" in cmdline(pid)]
-            engine = [pid for pid in servers if descendants(pid)]
+            serving = [pid for pid in servers if listening_sockets(pid)]
             time.sleep(0.5)
-        assert engine, "no vLLM server came up"
-        time.sleep(3)
-        doomed = descendants(kvscope.pid)
+        assert len(serving) == 2, "the vLLM servers did not come up"
+        time.sleep(5)  # mid-run: requests are being served
+        processes = {pid: listening_sockets(pid) for pid in descendants(kvscope.pid)}
+        assert any(b"mooncake_master" in cmdline(pid) for pid in processes)
+        ports = {listener.port for sockets in processes.values() for listener in sockets}
         kvscope.send_signal(signal.SIGKILL)
         kvscope.wait(10)
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and any(alive(pid) for pid in doomed):
+        while time.monotonic() < deadline and (
+            any(alive(pid) for pid in processes) or any(port_listens(port) for port in ports)
+        ):
             time.sleep(0.2)
-        assert not [(pid, cmdline(pid)[:80]) for pid in doomed if alive(pid)], "processes outlived kvscope"
+        assert not [(pid, cmdline(pid)[:80]) for pid in processes if alive(pid)], "processes outlived kvscope"
+        assert not [port for port in ports if port_listens(port)], "ports still listening"
     finally:
         if kvscope.poll() is None:
             kvscope.kill()

@@ -25,7 +25,7 @@ from kvscope.tierstore.live import ENGINES
 from kvscope.tierstore.mooncake_tier import MooncakeTier
 from kvscope.tierstore.planner import Plan, plan
 from kvscope.tierstore.policies import MooncakePolicy, make_policy
-from kvscope.tierstore.store import KVStore, TieredStore
+from kvscope.tierstore.store import KVStore, NoStore, TieredStore
 from kvscope.tierstore.tier import Tier
 from kvscope.tierstore.workloads import make_workload
 
@@ -49,6 +49,8 @@ def build_store(
         from kvscope.tierstore.mooncake import MooncakeStore
 
         return MooncakeStore(arm, block_bytes, system or arm_name)
+    if not arm.tiers:
+        return NoStore()
 
     def build_tier(tier: spec.TierSpec) -> Tier:
         path = tier.path
@@ -246,13 +248,13 @@ def run_ab(
         except BaseException as error:
             failures.append(error)
 
-    threads = [threading.Thread(target=run, args=(name,), name=f"arm {name}") for name, arm in arms.items()
-               if arm.store != "embedded"]  # fmt: skip
+    threads = [threading.Thread(target=run, args=(name,), name=f"arm {name}") for name in arms
+               if scenario.served_apart(name)]  # fmt: skip
     for thread in threads:
         thread.start()
     try:
-        for name, arm in arms.items():
-            if arm.store == "embedded":
+        for name in arms:
+            if not scenario.served_apart(name):
                 results[name] = run_arm(scenario, name, the_plan, serialized, workdir, publish)
     finally:
         for thread in threads:

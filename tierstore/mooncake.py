@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import ctypes.util
 import functools
+import importlib.metadata
 import json
 import os
 import queue
@@ -97,11 +98,14 @@ class MooncakeError(ProcessError):
     """A Mooncake arm that cannot run or went wrong; the message says which process and why."""
 
 
+MOONCAKE_DISTRIBUTION = "mooncake-transfer-engine-non-cuda"
+
+
 @functools.cache
 def mooncake_missing() -> str | None:
     """Why a real Mooncake cannot run here, or None. The import is tried in a subprocess (it loads the C++ store)."""
     if _binary("mooncake_master") is None:
-        return "mooncake_master not found (pip install mooncake-transfer-engine-non-cuda==0.3.13.post1)"
+        return f"mooncake_master not found (pip install {MOONCAKE_DISTRIBUTION}==0.3.13.post1)"
     if ctypes.util.find_library("ibverbs") is None:
         return "libibverbs.so.1 not found (apt-get install libibverbs1)"
     probe = subprocess.run(
@@ -288,12 +292,39 @@ class MooncakeArm:
         process's listening sockets as the kernel showed them once the arm was ready, and (once the arm has
         stopped) each process's peak resident memory."""
         return {
+            "version": importlib.metadata.version(MOONCAKE_DISTRIBUTION),
             "settings": self.settings.model_dump(mode="json"),
             "master_argv": self.master_argv()[1:],
             "client_env": {k: v.replace(str(self.workdir), "<arm dir>") for k, v in self.client_env().items()},
             "listening": self.listening,
             "peak_rss_bytes": self.peak_rss,
         }
+
+
+class Pacer:
+    """Requests at least `interval` seconds apart, start to start: the lease a request's lookups grant has run out
+    when the next ones evict. `late_s` is the most a request started after its slot (a server slower than the
+    pacing: the run's timing then is the server's, not the scenario's)."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self.late_s = 0.0
+        self._next_at: float | None = None
+
+    def wait(self) -> None:
+        now = time.monotonic()
+        if self._next_at is not None:
+            if self._next_at > now:
+                time.sleep(self._next_at - now)
+                now = self._next_at
+            else:
+                self.late_s = max(self.late_s, now - self._next_at)
+        self._next_at = now + self.interval
+
+    def take_late_s(self) -> float:
+        """The most a request started late since the last call."""
+        late, self.late_s = self.late_s, 0.0
+        return late
 
 
 class MooncakeStore:
@@ -309,7 +340,7 @@ class MooncakeStore:
         self.media = [tier.name for tier in arm.tiers + arm.attached]
         self.codes: Counter[str] = Counter()
         self.put_retries = self.not_admitted = 0
-        self._next_request_at = 0.0
+        self.pacer = Pacer(self.interval)
         self.processes = MooncakeArm(arm, block_bytes, system)
         self._loop = asyncio.new_event_loop()
         self._scraper: Scraper | None = None
@@ -322,7 +353,7 @@ class MooncakeStore:
         self.observed: list[TargetState] = []
 
     def read_prefix(self, keys: Sequence[Key], start: int = 0, stop: int | None = None) -> PrefixRead:
-        self._pace()
+        self.pacer.wait()
         end = len(keys) if stop is None or stop > len(keys) else stop
         if end <= start:
             return PrefixRead(0, [], 0.0)
@@ -393,13 +424,6 @@ class MooncakeStore:
             self._loop.run_until_complete(self._scraper.close())
         self._loop.close()
         self.processes.close()
-
-    def _pace(self) -> None:
-        now = time.monotonic()
-        if self._next_request_at > now:
-            time.sleep(self._next_request_at - now)
-            now = self._next_request_at
-        self._next_request_at = now + self.interval
 
     def _count(self, answer: dict) -> None:
         for label, count in answer["codes"].items():

@@ -136,7 +136,12 @@ def _trace(workload: TraceWorkload, block_bytes: int) -> list[RoundPlan]:
 def _predict_arm(
     scenario: spec.Scenario, workload: MultiRoundWorkload | TraceWorkload, result: Plan, arm: spec.ArmSpec
 ) -> ArmPrediction:
-    if len(arm.tiers) == 1:
+    if not arm.tiers:  # a vLLM engine alone: its prefix cache holds what there is, freed tail first
+        blocks = scenario.engine.vllm.gpu_blocks - 1  # type: ignore[union-attr]
+        holding = spec.TierSpec(name="gpu", capacity=blocks * scenario.block_bytes, policy="tail_first")
+        capacity = _holds(arm, holding)
+        how = f"vLLM's own prefix cache ({blocks} blocks: it keeps one back), no store behind it"
+    elif len(arm.tiers) == 1:
         holding = arm.tiers[0]
         capacity = _holds(arm, holding)
         how = f"the {holding.name} tier"
@@ -149,7 +154,7 @@ def _predict_arm(
         capacity = sum(_holds(arm, tier) for tier in arm.tiers)
         how = "demote: tiers are exclusive, so their capacities add up"
     policy, evicts = holding.policy, holding.policy
-    if arm.store == "mooncake" or arm.tiers[0].policy == "mooncake":
+    if arm.store == "mooncake" or (arm.tiers and arm.tiers[0].policy == "mooncake"):
         watermark = arm.mooncake_settings.eviction_high_watermark
         how += f"; Mooncake evicts once its segment is above {watermark:g} of its size"
         # the objects whose lease (granted by every exist and get) ran out first: the least recently used

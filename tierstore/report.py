@@ -49,7 +49,7 @@ def store_lines(result: dict) -> list[str]:
     lines = []
     for name, arm in result["arms"].items():
         store = arm.get("store", {})
-        if store.get("kind", "embedded") == "embedded":
+        if store.get("kind", "embedded") in ("embedded", "none"):  # no store, or one with nothing to report
             continue
         codes = ", ".join(f"{code} x{count:,}" for code, count in store["codes"].items()) or "none"
         settings = store["settings"]

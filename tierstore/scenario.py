@@ -9,7 +9,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    model_validator,
+)
 
 from kvscope.tierstore.backends import BACKENDS
 from kvscope.tierstore.policies import POLICIES
@@ -185,7 +194,7 @@ class ArmSpec(_Strict):
     )
     placement: Placement = "replicate"
     promote_on_hit: bool = False
-    tiers: list[TierSpec] = Field(min_length=1)
+    tiers: list[TierSpec] = Field(min_length=1, description="the store's tiers, top first")
     attached: list[TierSpec] = Field(
         default_factory=list,
         description="tiers present in the arm's cluster that its store does not use (e.g. an idle NVMe-oF pool): "
@@ -193,7 +202,8 @@ class ArmSpec(_Strict):
     )
     mooncake: MooncakeSettings | None = Field(None, description="store: mooncake only (defaults when omitted)")
     mirror: bool = Field(
-        False, description="store: mooncake only: also run the arm on the embedded store, as arm <name>_sim"
+        False,
+        description="store: mooncake or none: also run the arm's model on the embedded store, as arm <name>_sim",
     )
 
     @model_validator(mode="after")
@@ -203,8 +213,10 @@ class ArmSpec(_Strict):
             raise ValueError(f"tier names must be unique within an arm, got {names}")
         if self.store == "mooncake":
             _check_mooncake_arm(self)
-        elif self.mirror:
-            raise ValueError("mirror applies to store: mooncake only")
+        elif self.mirror and self.store == "embedded":
+            raise ValueError("mirror applies to store: mooncake or none")
+        elif self.store == "none" and (self.attached or self.mooncake is not None):
+            raise ValueError("an arm of store: none (a vLLM engine alone) has no attached tiers or mooncake settings")
         elif any(tier.policy == "mooncake" for tier in self.tiers[1:] + self.attached):
             raise ValueError("policy mooncake models a Mooncake segment: the first tier only")
         elif self.mooncake is not None and self.tiers[0].policy != "mooncake":
@@ -219,6 +231,8 @@ class ArmSpec(_Strict):
         """The embedded store's model of this arm: the same tiers, placement and attached tiers, its segment under
         Mooncake's policy with the arm's settings. `client_retries`: whether the client that puts retries a refused
         put (kvscope's own does; vLLM's connector does not)."""
+        if not self.tiers:  # the engine alone: its model is the engine emulator's GPU tier, on no store
+            return self.model_copy(update={"store": "embedded", "mirror": False})
         settings = self.mooncake_settings
         if not client_retries:
             settings = settings.model_copy(update={"put_retry_budget": 0.0})
@@ -250,6 +264,21 @@ def _check_mooncake_arm(arm: ArmSpec) -> None:
             )
     if arm.promote_on_hit:
         raise ValueError("promote_on_hit is not supported with store: mooncake")
+
+
+class EngineAloneArm(ArmSpec):
+    """`store: none`: the engine alone, no store behind it (a vLLM engine's own prefix cache: vLLM alone)."""
+
+    store: Literal["none"] = Field(description="none: the engine alone (vLLM alone), no tiers")  # type: ignore[assignment]
+    tiers: list[TierSpec] = Field(default_factory=list, max_length=0)
+
+
+def _arm_kind(arm: object) -> str:
+    store = arm.get("store") if isinstance(arm, dict) else getattr(arm, "store", None)
+    return "none" if store == "none" else "store"
+
+
+AnyArm = Annotated[Annotated[ArmSpec, Tag("store")] | Annotated[EngineAloneArm, Tag("none")], Discriminator(_arm_kind)]
 
 
 class GpuCacheSpec(_Strict):
@@ -305,7 +334,7 @@ class Scenario(_Strict):
     kv: KvGeometry
     engine: EngineSpec = EngineSpec()
     prediction: PredictionSpec = PredictionSpec()
-    arms: dict[str, ArmSpec] = Field(min_length=1)
+    arms: dict[str, AnyArm] = Field(min_length=1)
 
     @model_validator(mode="after")
     def _block_size_agrees(self) -> Scenario:
@@ -322,6 +351,8 @@ class Scenario(_Strict):
     @model_validator(mode="after")
     def _mooncake_arms_fit(self) -> Scenario:
         for name, arm in self.arms.items():
+            if arm.store == "none" and self.engine.kind != "vllm":
+                raise ValueError(f"arm {name!r} has store: none: only a vLLM engine serves an arm alone")
             if arm.mirror and f"{name}_sim" in self.arms:
                 raise ValueError(f"arm {name!r} is mirrored as {name}_sim, which names another arm")
             if arm.store == "mooncake" and self.block_bytes > arm.tiers[0].capacity:
@@ -346,9 +377,18 @@ class Scenario(_Strict):
             raise ValueError("engine.kind vllm: give kv.model {layers, kv_heads, head_dim, dtype: bf16|fp16|fp32}, "
                              "the shape of the model kvscope makes")  # fmt: skip
         for name, arm in self.arms.items():
+            if arm.store == "none":  # vLLM alone: its prefix cache, no connector
+                continue
             if arm.store != "mooncake":
                 raise ValueError(f"engine.kind vllm: arm {name!r} must be store: mooncake (its tiers are reached "
-                                 "through vLLM's Mooncake connector)")  # fmt: skip
+                                 "through vLLM's Mooncake connector), or store: none (vLLM alone)")  # fmt: skip
+            if arm.placement == "replicate" and len(arm.tiers) > 1:
+                raise ValueError(
+                    f"engine.kind vllm: arm {name!r}: placement replicate with an ssd tier is refused: once an object "
+                    "is offloaded after its put, the connector's lookups find it but its gets fail with -704 "
+                    "(OBJECT_NOT_FOUND) and vLLM reschedules the request without end (vLLM 0.32, Mooncake 0.3.13); "
+                    "use placement: demote (offload on evict)"
+                )
             if arm.mooncake_settings.lease_ttl < VLLM_MIN_LEASE_S:
                 raise ValueError(
                     f"engine.kind vllm: arm {name!r}: mooncake.lease_ttl must be at least {VLLM_MIN_LEASE_S:g} s: "
@@ -371,6 +411,11 @@ class Scenario(_Strict):
         assert isinstance(workload, MultiRoundWorkload)
         longest = workload.first_prompt_tokens + workload.rounds * (workload.output_tokens + workload.user_tokens)
         return min(4096, -(-longest // self.block_tokens) * self.block_tokens)
+
+    def served_apart(self, name: str) -> bool:
+        """Whether a runnable arm is served by real processes (a Mooncake store, a vLLM engine): such arms run at
+        the same time, each in a thread of its own; the embedded store's arms run one after the other."""
+        return self.runnable_arms[name].store != "embedded"
 
     @property
     def runnable_arms(self) -> dict[str, ArmSpec]:

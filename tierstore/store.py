@@ -72,6 +72,38 @@ class KVStore(Protocol):
     def close(self) -> None: ...
 
 
+class NoStore:
+    """No store behind the engine (vLLM alone): nothing to read, nothing kept, no tiers to count."""
+
+    tiers: list[Tier] = []  # noqa: RUF012 - there are none
+    attached: list[Tier] = []  # noqa: RUF012
+    observed: list = []  # noqa: RUF012
+
+    def read_prefix(self, keys: Sequence[Key], start: int = 0, stop: int | None = None) -> PrefixRead:
+        return PrefixRead(0, [])
+
+    def put(self, keys: Sequence[Key], nbytes: int) -> int:
+        return 0
+
+    def release(self, keys: Sequence[Key]) -> None:
+        """Nothing to release."""
+
+    def load_seconds(self, read: PrefixRead) -> float:
+        return 0.0
+
+    def counters(self) -> dict[str, dict[str, int]]:
+        return {}
+
+    def settled_counters(self) -> dict[str, dict[str, int]]:
+        return {}
+
+    def report(self) -> dict:
+        return {"kind": "none"}
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+
 @dataclass(slots=True)
 class PrefixHit:
     """The longest present run of a chain starting at `start`: `blocks` long, in (tier, begin, end) segments."""

@@ -4,12 +4,15 @@ Per arm: the arm's Mooncake processes (kvscope.tierstore.mooncake: metadata serv
 client holding the global segment and the SSD tier) and one vLLM server whose own Mooncake connector
 (`MooncakeStoreConnector`, `kv_role: kv_both`, Mooncake's `standalone-store` mode: it contributes no memory of its
 own) saves to and loads from that store. The GPU tier is vLLM's prefix cache of `engine.vllm.gpu_blocks` blocks.
+An arm without tiers is vLLM alone: its prefix cache, no connector, no store.
 
 The multi-round workload becomes chat requests with exactly the spec's token counts (the tiny model's word-level
 tokenizer: a word is a token): a system message of `shared_prefix_tokens` words shared by every session, a first
 user message completing `first_prompt_tokens`, then each round the previous answer (exactly `output_tokens`, via
 `max_tokens`, `min_tokens` and `ignore_eos`) and `user_tokens` new words. Requests go one at a time, in the
-workload's order.
+workload's order, paced by the arm's `mooncake.request_interval` as the Mooncake arms are: the lease a request's
+lookups grant runs out by the time its session comes round again, whatever the machine's speed (a request that
+could not start on time is reported as the round's `late_s`).
 
 A round's figures come from what the engine and the store did, scraped between rounds with kvscope's own `vllm`
 and `mooncake` sources: prompt tokens by where they came from (vLLM's prefix cache, the external store, recomputed),
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 import time
 from collections import Counter
@@ -34,15 +38,20 @@ from kvscope.processes import owned_directory
 from kvscope.tierstore import scenario as spec
 from kvscope.tierstore.engine import EngineCounters
 from kvscope.tierstore.live import ENGINES
-from kvscope.tierstore.mooncake import MooncakeError, MooncakeStore
+from kvscope.tierstore.mooncake import ERROR_NAMES, MooncakeError, MooncakeStore, Pacer
 from kvscope.tierstore.planner import Plan
-from kvscope.tierstore.vllm import TinyModel, VllmServer, words
+from kvscope.tierstore.store import NoStore
+from kvscope.tierstore.vllm import TinyModel, VllmServer, cpu_share, words
 from kvscope.tierstore.workloads import make_workload
 
 _DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
            "fp32": "float32", "float32": "float32"}  # fmt: skip
 _SOURCES = {"local_cache_hit": "gpu", "external_kv_transfer": "external", "local_compute": "computed"}
 _SESSION_STRIDE, _ROUND_STRIDE = 211, 3119  # where each session's and round's words start in the vocabulary
+# the connector's warnings: "Failed to get N Mooncake keys ... first_failures=[('key', -707), ...]" and
+# "batch_put failed: N/M keys failed (codes={-200}, ...)"
+_LOAD_CODES = re.compile(r"', (-\d+)\)")
+_PUT_CODES = re.compile(r"codes=\{([-\d, ]+)\}")
 
 
 def tiny_model(scenario: spec.Scenario) -> TinyModel:
@@ -97,32 +106,22 @@ class VllmArm:
         self._loop = asyncio.new_event_loop()
         self._client = httpx.Client(timeout=120)
         self.server: VllmServer | None = None
-        self.store = MooncakeStore(self.spec, scenario.block_bytes, self.system)
+        # vLLM alone (an arm without tiers): no store, no connector, requests as fast as the engine takes them
+        self.store: MooncakeStore | NoStore = NoStore()
+        self.pacer = Pacer(self.spec.mooncake_settings.request_interval if self.spec.tiers else 0.0)
         try:
-            ports = self.store.processes.ports
-            connector = {
-                "metadata_server": f"http://127.0.0.1:{ports['metadata']}/metadata",
-                "master_server_address": f"127.0.0.1:{ports['rpc']}",
-                "protocol": "tcp",
-                "device_name": "",
-                "mode": "standalone-store",  # the pool is kvscope's store client's: segment and SSD
-                "global_segment_size": 0,
-                "local_buffer_size": 64 * 1024**2,
-            }
-            (self._dir / "mooncake.json").write_text(json.dumps(connector))
+            extra_args, env = (), {}
+            if self.spec.tiers:
+                self.store = MooncakeStore(self.spec, scenario.block_bytes, self.system)
+                extra_args, env = self._connector()
             model = tiny_model(scenario).build(self._dir / "model")
-            # save_decode_cache: the blocks the engine generated are saved too, as vLLM's own prefix cache keeps them
-            # a load that fails (a lease that ran out, -707) is recomputed rather than failing the request: the miss
-            # is counted (connector_failed_keys) and the run goes on
-            transfer = json.dumps({"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_both",
-                                   "kv_load_failure_policy": "recompute",
-                                   "kv_connector_extra_config": {"save_decode_cache": True}})  # fmt: skip
             self.server = VllmServer(
                 model, self._dir, settings.gpu_blocks, scenario.block_tokens, scenario.vllm_max_model_len,
-                extra_args=("--kv-transfer-config", transfer),
-                env={"MOONCAKE_CONFIG_PATH": str(self._dir / "mooncake.json"), "MC_TCP_BIND_ADDRESS": "127.0.0.1"},
+                extra_args=extra_args, env=env,
+                cpus=cpu_share(list(scenario.arms).index(name), len(scenario.arms)),  # the arms run at once
             )  # fmt: skip
             self.server.wait_ready(settings.start_timeout)
+            self.version = self.server.version()
             target = VllmTargetConfig(
                 name=f"vllm-{self.system}".replace("/", "-"), source="vllm", url=f"{self.server.url}/metrics",
                 labels={"system": self.system, "engine": self.system},
@@ -139,8 +138,32 @@ class VllmArm:
             self.close()
             raise
         self.rows: list[dict] = []
+        self.failure_codes: dict[str, int] = {}
         self.disagreements = 0
         self.seconds = {"start": time.monotonic() - started, "rounds": 0.0}
+
+    def _connector(self) -> tuple[tuple[str, ...], dict[str, str]]:
+        """vLLM's arguments and environment for Mooncake's connector to the arm's store."""
+        assert isinstance(self.store, MooncakeStore)
+        ports = self.store.processes.ports
+        connector = {
+            "metadata_server": f"http://127.0.0.1:{ports['metadata']}/metadata",
+            "master_server_address": f"127.0.0.1:{ports['rpc']}",
+            "protocol": "tcp",
+            "device_name": "",
+            "mode": "standalone-store",  # the pool is kvscope's store client's: segment and SSD
+            "global_segment_size": 0,
+            "local_buffer_size": 64 * 1024**2,
+        }
+        (self._dir / "mooncake.json").write_text(json.dumps(connector))
+        # save_decode_cache: the blocks the engine generated are saved too, as vLLM's own prefix cache keeps them;
+        # a load that fails (a lease that ran out, -707) is recomputed rather than failing the request: the miss
+        # is counted (connector_failed_keys) and the run goes on
+        transfer = json.dumps({"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_both",
+                               "kv_load_failure_policy": "recompute",
+                               "kv_connector_extra_config": {"save_decode_cache": True}})  # fmt: skip
+        env = {"MOONCAKE_CONFIG_PATH": str(self._dir / "mooncake.json"), "MC_TCP_BIND_ADDRESS": "127.0.0.1"}
+        return ("--kv-transfer-config", transfer), env
 
     @property
     def observed(self) -> list[TargetState]:
@@ -154,6 +177,7 @@ class VllmArm:
         planned = self.plan.rounds[index]
         reported = Counter()
         for request in requests:
+            self.pacer.wait()
             usage = self._chat(request.session, index + 1, request.prompt_tokens)
             reported["prompt"] += usage["prompt_tokens"]
             reported["cached"] += (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
@@ -161,6 +185,7 @@ class VllmArm:
         self.engine.counters.bound_hit_tokens += planned.ideal_hit_tokens
         after = self._snapshot(self.store.counters())
         row = self._row(index + 1, len(requests), planned.ideal_hit_ratio, reported, self._last, after)
+        row["late_s"] = self.pacer.take_late_s()
         self._last = after
         self.rows.append(row)
         self.seconds["rounds"] += time.monotonic() - started
@@ -168,6 +193,7 @@ class VllmArm:
 
     def finish(self) -> None:
         self._last = self._snapshot(self.store.settled_counters())
+        self.failure_codes = self._failure_codes()
 
     def result(self) -> dict:
         from kvscope.tierstore.ab import arm_totals, observed_collapse_round
@@ -179,9 +205,10 @@ class VllmArm:
         for row in self.rows:
             failed.update(row["connector_failed_keys"])
         return {
-            "engine": {"kind": "vllm", "gpu_blocks": self.scenario.engine.vllm.gpu_blocks,  # type: ignore[union-attr]
+            "engine": {"kind": "vllm", "version": self.version, "gpu_blocks": self.scenario.engine.vllm.gpu_blocks,  # type: ignore[union-attr]
                        "cached_tokens_disagreements": self.disagreements,
                        "connector_failed_keys": dict(failed),
+                       "connector_failure_codes": self.failure_codes,
                        "listening": [str(s) for s in self.server.process.listening()] if self.server else []},
             "store": self.store.report(),
             "wall_s": dict(self.seconds),
@@ -190,6 +217,21 @@ class VllmArm:
             "prediction": self.plan.arm_json(self.name),
             "observed_collapse_round": observed_collapse_round(self.rows, self.scenario.prediction.collapse_tolerance),
         }  # fmt: skip
+
+    def _failure_codes(self) -> dict[str, int]:
+        """Mooncake's return codes of the connector's failed operations, as its warnings in the server's log name
+        them (the metrics count failed keys, not why): `load_get -707 LEASE_EXPIRED` etc., by log line."""
+        if self.server is None or not self.server.process.log.exists():
+            return {}
+        codes: Counter[str] = Counter()
+        for line in self.server.process.log.read_text(errors="replace").splitlines():
+            if "Failed to get" in line and "first_failures=" in line:
+                found = {int(code) for code in _LOAD_CODES.findall(line)}
+                codes.update(f"load_get {code} {ERROR_NAMES.get(code, '')}".strip() for code in found)
+            elif "batch_put failed" in line and (match := _PUT_CODES.search(line)):
+                found = {int(code) for code in match.group(1).split(",")}
+                codes.update(f"save_put {code} {ERROR_NAMES.get(code, '')}".strip() for code in found)
+        return dict(codes)
 
     def close(self) -> None:
         self._client.close()

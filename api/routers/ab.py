@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, HTTPException, status
+from typing import Annotated
+
+from fastapi import APIRouter, Body, HTTPException, status
 from pydantic import BaseModel, ConfigDict, Field
 
 from kvscope.api.abmanager import Busy
 from kvscope.api.deps import Authorized, ServicesDep
-from kvscope.api.scenarios import accept
+from kvscope.api.scenarios import EXAMPLE_SCENARIO, accept
 from kvscope.tierstore.scenario import Scenario
 
 router = APIRouter(prefix="/api/v1/ab", tags=["ab"])
@@ -26,7 +28,10 @@ class ABRequest(BaseModel):
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, dependencies=[Authorized])
-def start_ab(body: ABRequest, services: ServicesDep) -> dict:
+def start_ab(
+    body: Annotated[ABRequest, Body(openapi_examples={"small": {"value": {"scenario": EXAMPLE_SCENARIO}}})],
+    services: ServicesDep,
+) -> dict:
     """Start every arm of the scenario in the background; recorded into the database, exported live."""
     try:
         test = services.ab.start(accept(body.scenario), body.rounds_per_minute)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated
 
-from kvscope.api.scenarios import accept
+from fastapi import APIRouter, Body
+
+from kvscope.api.scenarios import EXAMPLE_SCENARIO, accept
 from kvscope.tierstore.planner import plan
 from kvscope.tierstore.scenario import Scenario
 
@@ -12,7 +14,7 @@ router = APIRouter(prefix="/api/v1", tags=["predict"])
 
 
 @router.post("/predict")
-def predict(scenario: Scenario) -> dict:
+def predict(scenario: Annotated[Scenario, Body(openapi_examples={"small": {"value": EXAMPLE_SCENARIO}})]) -> dict:
     """The planner's answer for `scenario` (the same JSON as `kvscope predict --json`)."""
     the_plan = plan(accept(scenario))
     return {

@@ -708,6 +708,7 @@
       const observed = arm.observed_collapse_round;
       const predicted = arm.prediction && arm.prediction.collapse_round;
       const items = [
+        ["engine", arm.engine || "emulator"],
         ["store", arm.store || "embedded"],
         ["rounds", `${arm.rounds_done} / ${detail.rounds}`],
         ["hit ratio, last round", last ? `${fmtPct(last.hit_ratio)} (ideal ${fmtPct(last.ideal_hit_ratio)})` : "–"],

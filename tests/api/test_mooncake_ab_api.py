@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from kvscope.api.abmanager import _engine_of
 from kvscope.tierstore.mooncake import mooncake_missing
+from kvscope.tierstore.scenario import load_scenario
 
 TOKEN = {"Authorization": "Bearer test-token"}
 CRITERIA = Path(__file__).parents[2] / "criteria" / "media.yaml"
@@ -50,6 +52,7 @@ def test_a_mooncake_ab_runs_one_at_a_time_and_is_judged_on_its_ssd_tier(client):
         "tiered": "mooncake",
         "tiered_sim": "embedded (mirror of tiered)",
     }
+    assert {arm["engine"] for arm in ab["arms"].values()} == {"emulator"}
     second = client.post("/api/v1/ab", json={"scenario": scenario()}, headers=TOKEN)
     assert second.status_code == 409 and "at a time" in second.text
 
@@ -71,3 +74,14 @@ def test_a_mooncake_ab_runs_one_at_a_time_and_is_judged_on_its_ssd_tier(client):
     recorded = client.get(f"/api/v1/runs/{run_id}").json()
     assert recorded["config"]["store"]["settings"]["lease_ttl"] == 0.01  # the lease and pacing stay with the run
     assert recorded["config"]["store"]["settings"]["request_interval"] == 0.03
+
+
+def test_the_page_names_a_real_vllm_engine_and_the_emulator_of_its_mirror():
+    scenario = load_scenario(Path(__file__).parents[2] / "examples" / "vllm_mooncake_dram_vs_ssd.yaml")
+    engines = {name: _engine_of(name, scenario) for name in scenario.runnable_arms}
+    assert engines == {
+        "dram_only": "vllm",
+        "dram_only_sim": "emulator (vLLM's prefix cache modelled)",
+        "tiered": "vllm",
+        "tiered_sim": "emulator (vLLM's prefix cache modelled)",
+    }

@@ -68,7 +68,7 @@ def test_a_real_vllm_engine_is_bounded_in_blocks(client):
         "workload": {"kind": "multi_round", "sessions": 2, "rounds": 2, "first_prompt_tokens": 64},
         "kv": {"block_tokens": 32, "model": {"layers": 2, "kv_heads": 2, "head_dim": 64, "dtype": "bf16"}},
         "engine": {"kind": "vllm", "vllm": {"gpu_blocks": 10**6}},
-        "arms": {"a": {**mooncake(), "mooncake": {"lease_ttl": "2s"}}},
+        "arms": {"a": {**mooncake(), "placement": "demote", "mooncake": {"lease_ttl": "2s"}}},
     }
     answer = client.post("/api/v1/predict", json=body)
     assert answer.status_code == 422 and "gpu_blocks" in answer.text, answer.text

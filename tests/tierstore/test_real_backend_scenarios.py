@@ -52,7 +52,12 @@ def arm(scenario: dict) -> dict:
                                            attached=[{"name": "ssd2", "capacity": "1GiB"}]), "attach only an ssd"),
         (MOONCAKE, lambda s: s["kv"].update(bytes_per_token="1MiB"), "larger than the dram segment"),
         (MOONCAKE, lambda s: s["arms"].update(b={"tiers": [{"name": "dram", "capacity": "1GB"}], "mirror": True}),
-         "store: mooncake only"),
+         "mirror applies to store: mooncake or none"),
+        (MOONCAKE, lambda s: s["arms"].update(b={"store": "none"}), "only a vLLM engine serves an arm alone"),
+        (VLLM, lambda s: s["arms"].update(b={"store": "none", "mooncake": {"lease_ttl": "2s"}}),
+         "has no attached tiers or mooncake"),
+        (VLLM, lambda s: s["arms"].update(b={"store": "none", "tiers": [{"name": "dram", "capacity": "1GB"}]}),
+         "at most 0 items"),
         (MOONCAKE, lambda s: (arm(s).update(mirror=True), s["arms"].update(a_sim=copy.deepcopy(arm(s)))),
          "names another arm"),
         (VLLM, lambda s: s["kv"].update(block_tokens=48), "multiple of 32"),
@@ -60,6 +65,8 @@ def arm(scenario: dict) -> dict:
         (VLLM, lambda s: arm(s).update(store="embedded", mooncake=None), "must be store: mooncake"),
         (VLLM, lambda s: arm(s).update(mooncake={"lease_ttl": "100ms"}), "-707"),
         (VLLM, lambda s: s["engine"]["vllm"].update(gpu_blocks=4), "cannot hold one request"),
+        (VLLM, lambda s: arm(s).update(tiers=[{"name": "dram", "capacity": "16MiB"},
+                                              {"name": "ssd", "capacity": "64MiB"}]), "-704"),
         (VLLM, lambda s: s["engine"].update(vllm=None), "needs vllm"),
         (VLLM, lambda s: s["engine"].update(gpu_cache={"capacity": "1MB"}), "vLLM's own prefix cache"),
     ],
@@ -85,6 +92,14 @@ def test_the_mirror_of_a_vllm_arm_puts_as_its_connector_does_without_retrying():
     scenario = parse_scenario(changed(VLLM, lambda s: arm(s).update(mirror=True)))
     assert scenario.runnable_arms["a_sim"].mooncake.put_retry_budget == 0
     assert scenario.arms["a"].mooncake_settings.put_retry_budget > 0
+
+
+def test_a_vllm_arm_without_tiers_is_vllm_alone_predicted_on_its_prefix_cache():
+    scenario = parse_scenario(changed(VLLM, lambda s: s["arms"].update(alone={"store": "none", "mirror": True})))
+    assert scenario.served_apart("alone") and not scenario.served_apart("alone_sim")
+    assert scenario.runnable_arms["alone_sim"].tiers == []
+    predicted = plan(scenario).arms["alone"]
+    assert predicted.capacity_bytes == 39 * scenario.block_bytes and predicted.holding_policy == "tail_first"
 
 
 def test_a_vllm_engine_takes_its_model_and_length_from_the_scenario():
