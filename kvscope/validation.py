@@ -22,7 +22,8 @@ def describe(error: ValidationError, origin: str, what: str, prefix: str = "") -
     """`origin: invalid what`, then one `  dotted.field: reason` line per problem."""
     lines = [f"{origin}: invalid {what}"]
     for problem in error.errors():
-        parts = [str(part) for part in problem["loc"] if not str(part).startswith("function-")]
+        # a validator's wrapper ("function-after[...]") and a tagged union's branch ("union-...") are not fields
+        parts = [str(part) for part in problem["loc"] if not str(part).startswith(("function-", "union-"))]
         where = prefix + ".".join(parts)
         lines.append(f"  {where or '(top level)'}: {problem['msg'].removeprefix('Value error, ')}")
     return lines

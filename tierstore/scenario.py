@@ -275,10 +275,14 @@ class EngineAloneArm(ArmSpec):
 
 def _arm_kind(arm: object) -> str:
     store = arm.get("store") if isinstance(arm, dict) else getattr(arm, "store", None)
-    return "none" if store == "none" else "store"
+    return "union-engine-alone" if store == "none" else "union-store"
 
 
-AnyArm = Annotated[Annotated[ArmSpec, Tag("store")] | Annotated[EngineAloneArm, Tag("none")], Discriminator(_arm_kind)]
+# The tags name the union's branch, not a field: error messages leave "union-..." out of the path
+AnyArm = Annotated[
+    Annotated[ArmSpec, Tag("union-store")] | Annotated[EngineAloneArm, Tag("union-engine-alone")],
+    Discriminator(_arm_kind),
+]
 
 
 class GpuCacheSpec(_Strict):

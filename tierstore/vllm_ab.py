@@ -122,6 +122,8 @@ class VllmArm:
             )  # fmt: skip
             self.server.wait_ready(settings.start_timeout)
             self.version = self.server.version()
+            # what the server and its engine processes listen on, as the kernel showed it once it was ready
+            self.listening = [str(socket) for socket in self.server.process.listening()]
             target = VllmTargetConfig(
                 name=f"vllm-{self.system}".replace("/", "-"), source="vllm", url=f"{self.server.url}/metrics",
                 labels={"system": self.system, "engine": self.system},
@@ -209,7 +211,7 @@ class VllmArm:
                        "cached_tokens_disagreements": self.disagreements,
                        "connector_failed_keys": dict(failed),
                        "connector_failure_codes": self.failure_codes,
-                       "listening": [str(s) for s in self.server.process.listening()] if self.server else []},
+                       "listening": self.listening},
             "store": self.store.report(),
             "wall_s": dict(self.seconds),
             "rounds": self.rows,
