@@ -9,6 +9,7 @@ import pytest
 
 from kvscope.tierstore.planner import plan
 from kvscope.tierstore.scenario import ScenarioError, parse_scenario
+from kvscope.tierstore.vllm import cpu_share
 
 MOONCAKE = {
     "name": "s",
@@ -107,3 +108,12 @@ def test_a_vllm_engine_takes_its_model_and_length_from_the_scenario():
     assert scenario.kv.token_bytes == 2 * 8 * 2 * 64 * 2  # the tiny model's KV bytes per token
     # the longest prompt and output (96 + 4 x 64 = 352 tokens) in whole blocks
     assert scenario.vllm_max_model_len == 352
+
+
+@pytest.mark.parametrize(
+    ("cpus", "count", "shares"),
+    [({0, 1}, 2, ["0", "1"]), ({0, 1, 2, 3}, 2, ["0,1", "2,3"]), ({0, 1}, 3, ["0", "1", "0"]), ({4, 5}, 1, ["4,5"])],
+)
+def test_servers_running_at_once_compute_on_disjoint_cpus_where_there_are_enough(monkeypatch, cpus, count, shares):
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: cpus)
+    assert [cpu_share(index, count) for index in range(count)] == shares
