@@ -123,16 +123,17 @@ def test_media_criteria_pass_on_the_recorded_real_vllm_and_mooncake_series(real_
 
 def test_sigkill_of_ab_run_mid_run_leaves_no_vllm_or_mooncake_process_and_no_port(real_stack, tmp_path):
     """kvscope killed with SIGKILL once its arms' Mooncake stores serve and their vLLM servers have started their
-    engine cores and workers: every one of those processes goes, and nothing they listened on still listens."""
+    engine cores (the processes a killed kvscope once left running): every one of those processes goes, and nothing
+    they listened on still listens."""
     script = Path(sys.executable).with_name("kvscope")
     command = [str(script)] if script.exists() else [sys.executable, "-c", "from kvscope.cli import app; app()"]
     kvscope = subprocess.Popen([*command, "ab", "run", str(EXAMPLE)], stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL, cwd=tmp_path)  # fmt: skip
     try:
         deadline, working = time.monotonic() + 240, []
-        while time.monotonic() < deadline and len(working) < 2:  # both servers' engine cores have their workers
+        while time.monotonic() < deadline and len(working) < 2:  # both servers have their engine core
             servers = [pid for pid in descendants(kvscope.pid) if b"vllm_side/serve.py" in cmdline(pid)]
-            working = [pid for pid in servers if any(b"VLLM::Worker" in cmdline(d) for d in descendants(pid))]
+            working = [pid for pid in servers if any(b"VLLM::EngineCore" in cmdline(d) for d in descendants(pid))]
             time.sleep(0.5)
         assert len(working) == 2, "the vLLM servers did not start their engines"
         time.sleep(3)
