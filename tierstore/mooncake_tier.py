@@ -33,12 +33,15 @@ class MooncakeTier(Tier):
         read_bandwidth: float | None = None,
     ) -> None:
         super().__init__(name, capacity, policy, backend, read_bandwidth)
-        self.mooncake = policy
         self.request_interval = request_interval
         self.retries_refused = retries_refused
         self.refused = 0  # blocks whose put was refused for good
         self._flagged = False  # an allocation failed: the eviction thread evicts even below the watermark
         self._requests = 0
+
+    @property
+    def mooncake(self) -> MooncakePolicy:
+        return self.policy  # type: ignore[return-value]  # the constructor takes only a MooncakePolicy
 
     def tick(self, keep_evicted: bool = False) -> list[Evicted]:
         """A request starts: the clock moves to its slot, and the eviction thread has run meanwhile."""
@@ -93,17 +96,4 @@ class MooncakeTier(Tier):
         if not victims:
             return []
         self._flagged = False
-        backend = self.backend if self.backend.holds_bytes else None
-        evicted = []
-        for key in victims:
-            size = self.mooncake.discard(key)
-            data = None
-            if backend is not None:
-                data = backend.load(key) if keep_evicted else None
-                backend.drop(key)
-            evicted.append(Evicted(key, size, data))
-        freed = sum(block.nbytes for block in evicted)
-        counters.allocated_bytes -= freed
-        counters.evictions += len(evicted)
-        counters.evicted_bytes += freed
-        return evicted
+        return self._drop(((key, self.mooncake.discard(key)) for key in victims), keep_evicted)

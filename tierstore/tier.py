@@ -192,20 +192,32 @@ class Tier:
 
     def _make_room(self, needed: int, keep_evicted: bool) -> list[Evicted]:
         """Evict victims, as the policy orders them, until `needed` more bytes fit."""
-        counters = self.counters
-        excess = counters.allocated_bytes + needed - counters.capacity_bytes
-        backend = self.backend if self.backend.holds_bytes else None  # the accounting backend keeps nothing to drop
+        excess = self.counters.allocated_bytes + needed - self.counters.capacity_bytes
         pop_victim, index = self.policy.pop_victim, self._index
+
+        def victims() -> Iterator[tuple[Key, int]]:
+            freed = 0
+            while freed < excess and index:
+                key, size = pop_victim()
+                freed += size
+                yield key, size
+
+        return self._drop(victims(), keep_evicted)
+
+    def _drop(self, victims: Iterable[tuple[Key, int]], keep_evicted: bool) -> list[Evicted]:
+        """Drop evicted blocks (already out of the policy's index) from the backend, their bytes kept when
+        `keep_evicted`, and count them."""
+        backend = self.backend if self.backend.holds_bytes else None  # the accounting backend keeps nothing to drop
         evicted: list[Evicted] = []
         freed = 0
-        while freed < excess and index:
-            key, size = pop_victim()
+        for key, size in victims:
             freed += size
             data = None
             if backend is not None:
                 data = backend.load(key) if keep_evicted else None
                 backend.drop(key)
             evicted.append(Evicted(key, size, data))
+        counters = self.counters
         counters.allocated_bytes -= freed
         counters.evictions += len(evicted)
         counters.evicted_bytes += freed
