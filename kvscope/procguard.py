@@ -23,10 +23,12 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
 GRACE_S = 20.0  # how long a program stopped by SIGTERM may take before its group is killed
+WAIT_STEP_S = 0.2  # how often the supervisor looks whether a stopped program's grace is over
 
 
 def _arm(parent: int, signum: int) -> None:
@@ -53,20 +55,29 @@ def _kill_the_rest_of_the_group() -> None:
 
 
 def _supervise(program: list[str]) -> int:
+    """Run `program` to its end; on SIGTERM or SIGINT pass SIGTERM on and give it GRACE_S to end. The handler only
+    signals and notes the time: it runs inside the main loop's wait, which holds the child's wait lock (a wait in
+    the handler could not see the child end and would sit out its whole timeout)."""
     child = subprocess.Popen(program)
+    stopped: list[tuple[int, float]] = []  # (signal, when)
 
     def stop(signum: int, _frame: object) -> None:
-        if child.poll() is None:
-            child.send_signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                child.wait(GRACE_S)
-        _kill_the_rest_of_the_group()
-        os._exit(128 + signum)
+        if not stopped:
+            stopped.append((signum, time.monotonic()))
+            if child.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child.pid, signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    code = child.wait()
-    _kill_the_rest_of_the_group()  # what the program left behind
+    code: int | None = None
+    while code is None and not (stopped and time.monotonic() - stopped[0][1] > GRACE_S):
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            code = child.wait(WAIT_STEP_S)
+    _kill_the_rest_of_the_group()  # what the program left behind, or the program itself past its grace
+    if stopped:
+        return 128 + stopped[0][0]
+    assert code is not None
     return code
 
 
