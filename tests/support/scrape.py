@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 from kvscope.exporters.base import Collector
 from kvscope.samples import Sample
@@ -16,3 +17,23 @@ def collect_once(collector: Collector) -> list[Sample]:
             await collector.close()
 
     return asyncio.run(once())
+
+
+class CollectorThread:
+    """A collector whose scrapes run on an event loop of its own thread, kept between scrapes: for sources that
+    hold a subscription (vLLM's KV events) and must keep reading it while a test does other things."""
+
+    def __init__(self, collector: Collector) -> None:
+        self.collector = collector
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="collector")
+        self._thread.start()
+
+    def collect(self) -> list[Sample]:
+        return asyncio.run_coroutine_threadsafe(self.collector.collect(), self._loop).result(30)
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.collector.close(), self._loop).result(30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
