@@ -95,7 +95,7 @@ def test_collapse_example_on_real_mooncake(real_mooncake, tmp_path):
 
 
 def test_media_criteria_pass_on_real_mooncake_metrics_and_catch_a_planted_write(real_mooncake, tmp_path):
-    """The parity example's recorded Mooncake series pass all four media criteria (lower tier bound to ssd) and
+    """The parity example's recorded Mooncake series pass every media criterion (lower tier bound to ssd) and
     no_collapse per arm; an arm that wrote its SSD tier, bound as the DRAM-only one, fails nof_delta_zero."""
     scenario = yaml.safe_load((EXAMPLES / "mooncake_media_parity.yaml").read_text())
     planted = {**scenario["arms"]["tiered"]}  # configured as DRAM-only should be, but its SSD is in the write path
@@ -117,7 +117,13 @@ def test_media_criteria_pass_on_real_mooncake_metrics_and_catch_a_planted_write(
     assert passed.exit_code == 0, passed.output
     verdicts = json.loads((tmp_path / "verdicts.json").read_text())["verdicts"]
     documents = {v["document"]["criterion"]["name"]: v["document"] for v in verdicts}
-    assert set(documents) == {"save_parity", "load_parity", "nof_delta_zero", "both_tiers_written"}
+    assert set(documents) == {
+        "save_parity",
+        "load_parity",
+        "nof_delta_zero",
+        "both_tiers_written",
+        "prompt_tokens_conserved",
+    }
     delta = documents["nof_delta_zero"]["observed"]
     assert [row["delta"] for row in delta] == [0] and delta[0]["labels"]["tier"] == "ssd"
     assert delta[0]["target"].startswith("mooncake-master-")  # the master's file-tier allocation, a real series
@@ -139,7 +145,13 @@ def test_media_criteria_pass_on_real_mooncake_metrics_and_catch_a_planted_write(
     assert caught.exit_code == 1, caught.output
     verdicts = json.loads((tmp_path / "verdicts.json").read_text())["verdicts"]
     outcome = {v["document"]["criterion"]["name"]: v["document"]["passed"] for v in verdicts}
-    assert outcome == {"save_parity": True, "load_parity": True, "nof_delta_zero": False, "both_tiers_written": True}
+    assert outcome == {
+        "save_parity": True,
+        "load_parity": True,
+        "nof_delta_zero": False,
+        "both_tiers_written": True,
+        "prompt_tokens_conserved": True,
+    }
 
     # Unbound, the lower tier is the published nof: this Mooncake has no NoF segment, its tiered arm wrote none
     unbound = verify(CRITERIA, "dram_only", "tiered", params=())

@@ -100,7 +100,7 @@ class _Criterion(_Strict):
         return None
 
 
-_METRIC_FIELDS = {"metric", "other", "hits", "queries", "bound", "rounds", "consistent_with"}
+_METRIC_FIELDS = {"metric", "other", "hits", "queries", "bound", "rounds", "consistent_with", "total"}
 
 
 class Parity(_Criterion):
@@ -241,39 +241,44 @@ class _Rounds(_Criterion):
         return [(self.run, metric, True) for metric in (self.hits, self.queries, self.bound, self.rounds)]
 
     def _per_round(self, run: Run) -> str:
-        counters = " UNION ALL ".join(
-            f"SELECT {_text(role)} AS metric, series_id FROM series WHERE {_series_filter(run, metric)}"
-            for role, metric in (("hits", self.hits), ("queries", self.queries), ("bound", self.bound))
-        )
-        return f"""inputs AS ({counters}),
-running AS (  -- each series' reset-adjusted running total
+        inputs = {"hit_tokens": self.hits, "query_tokens": self.queries, "bound_tokens": self.bound}
+        return per_round_ctes(run, inputs, self.rounds)
+
+
+def per_round_ctes(run: Run, inputs: Mapping[str, Metric], rounds: Metric, prefix: str = "") -> str:
+    """WITH clauses ending in `{prefix}per_round`: one row per round of `run`, each input's increase in that round
+    as a column of the input's name. Counters are summed over their series, reset-adjusted, at each cut."""
+    counters = " UNION ALL ".join(
+        f"SELECT {_text(column)} AS metric, series_id FROM series WHERE {_series_filter(run, metric)}"
+        for column, metric in inputs.items()
+    )
+    pivoted = ", ".join(f"sum(total) FILTER (WHERE metric = {_text(c)}) AS {_ident(c)}" for c in inputs)
+    increases = ", ".join(f"{_ident(c)} - lag({_ident(c)}) OVER w AS {_ident(c)}" for c in inputs)
+    p = prefix
+    return f"""{p}inputs AS ({counters}),
+{p}running AS (  -- each series' reset-adjusted running total
     SELECT metric, series_id, ts,
            sum(CASE WHEN prev IS NULL THEN 0 WHEN value < prev THEN value ELSE value - prev END)
                OVER (PARTITION BY series_id ORDER BY ts) AS total
     FROM (SELECT i.metric, p.series_id, p.ts, p.value,
                  lag(p.value) OVER (PARTITION BY p.series_id ORDER BY p.ts) AS prev
-          FROM samples p JOIN inputs i USING (series_id))
+          FROM samples p JOIN {p}inputs i USING (series_id))
 ),
-cuts AS (  -- the first sample at which the round counter reached each value
+{p}cuts AS (  -- the first sample at which the round counter reached each value
     SELECT CAST(value AS BIGINT) AS round, min(ts) AS ts
-    FROM samples WHERE series_id IN (SELECT series_id FROM series WHERE {_series_filter(run, self.rounds)})
+    FROM samples WHERE series_id IN (SELECT series_id FROM series WHERE {_series_filter(run, rounds)})
     GROUP BY 1
 ),
-at_cut AS (
+{p}at_cut AS (
     SELECT c.round, r.metric, sum(r.total) AS total
-    FROM (SELECT c.round, c.ts, i.metric, i.series_id FROM cuts c CROSS JOIN inputs i) c
-    ASOF JOIN running r ON c.series_id = r.series_id AND c.ts >= r.ts
+    FROM (SELECT c.round, c.ts, i.metric, i.series_id FROM {p}cuts c CROSS JOIN {p}inputs i) c
+    ASOF JOIN {p}running r ON c.series_id = r.series_id AND c.ts >= r.ts
     GROUP BY c.round, r.metric
 ),
-pivoted AS (
-    SELECT round, sum(total) FILTER (WHERE metric = 'hits') AS hits,
-           sum(total) FILTER (WHERE metric = 'queries') AS queries, sum(total) FILTER (WHERE metric = 'bound') AS bound
-    FROM at_cut GROUP BY round
-),
-per_round AS (  -- a round's increase, from the cut before it to its own
-    SELECT round, hits - lag(hits) OVER w AS hit_tokens, queries - lag(queries) OVER w AS query_tokens,
-           bound - lag(bound) OVER w AS bound_tokens
-    FROM pivoted WINDOW w AS (ORDER BY round)
+{p}pivoted AS (SELECT round, {pivoted} FROM {p}at_cut GROUP BY round),
+{p}per_round AS (  -- a round's increase, from the cut before it to its own
+    SELECT round, {increases}
+    FROM {p}pivoted WINDOW w AS (ORDER BY round)
     QUALIFY lag(round) OVER w IS NOT NULL
 )"""
 
@@ -335,6 +340,54 @@ FROM islands ORDER BY round"""
             f"collapsed in round {first['streak_start']}: {rounds} below {self.fraction:g} x the ideal "
             f"(round {first['round']}: hit ratio {first['hit_ratio']:.4f}, ideal {first['ideal_hit_ratio']:.4f})"
         )
+
+
+class Balance(_Criterion):
+    """Parts that add up to a whole, in every round of every run: |sum(parts) - total| <= tolerance (default 0:
+    exactly). Prompt tokens conserved: recomputed + the engine's cache hits + the store's hits = prompt tokens."""
+
+    kind: Literal["balance"]
+    summary_columns = ("run", "round", "parts_sum", "total", "difference")
+    runs: list[str] = Field(min_length=1)
+    parts: list[MetricField] = Field(min_length=1)
+    total: MetricField
+    tolerance: float = Field(0.0, ge=0, description="the absolute difference allowed")
+    rounds: MetricField = Metric(name="tierstore_engine_rounds_total", raw=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _short_parts(cls, data: object) -> object:
+        if isinstance(data, dict) and isinstance(data.get("parts"), list):
+            return {**data, "parts": [_metric(part) for part in data["parts"]]}
+        return data
+
+    def roles(self) -> list[str]:
+        return self.runs
+
+    def reads(self) -> list[tuple[str, Metric, bool]]:
+        return [(role, metric, True) for role in self.runs for metric in (*self.parts, self.total, self.rounds)]
+
+    def sql(self, runs: Mapping[str, Run]) -> str:
+        columns = {f"part_{index}": part for index, part in enumerate(self.parts)} | {"total": self.total}
+        ctes = ",\n".join(
+            per_round_ctes(runs[role], columns, self.rounds, f"r{n}_") for n, role in enumerate(self.runs)
+        )
+        parts = " + ".join(_ident(column) for column in columns if column != "total")
+        tol = _number(self.tolerance)
+        selects = "\nUNION ALL\n".join(
+            f"SELECT {_text(runs[role].name)} AS run, round, {parts} AS parts_sum, total, "
+            f"{parts} - total AS difference, {tol} AS tolerance, "
+            f"coalesce(abs({parts} - total) <= {tol}, false) AS passed FROM r{n}_per_round"
+            for n, role in enumerate(self.runs)
+        )
+        return f"WITH\n{ctes}\n{selects}\nORDER BY run, round"
+
+    def threshold(self) -> dict:
+        return {
+            "parts": [part.describe() for part in self.parts],
+            "total": self.total.describe(),
+            "absolute_tolerance": self.tolerance,
+        }
 
 
 class CrossSource(_Criterion):
@@ -408,7 +461,7 @@ ORDER BY 4 NULLS LAST"""
 
 
 Criterion = Annotated[
-    Parity | ZeroDelta | PositiveDelta | RatioToBound | NoCollapse | CrossSource | CounterResets,
+    Parity | ZeroDelta | PositiveDelta | RatioToBound | NoCollapse | Balance | CrossSource | CounterResets,
     Field(discriminator="kind"),
 ]
 

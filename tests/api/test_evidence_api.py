@@ -169,7 +169,7 @@ def test_an_unknown_run_is_404_naming_it(client):
 def test_verdicts_carry_the_evidence_verify_reported(recorded):
     client, report = recorded
     listed = client.get("/api/v1/verdicts").json()
-    assert listed["next_offset"] is None and len(listed["verdicts"]) == len(report["verdicts"]) == 4
+    assert listed["next_offset"] is None and len(listed["verdicts"]) == len(report["verdicts"]) == 5
     for reported in report["verdicts"]:
         verdict = client.get(f"/api/v1/verdicts/{reported['verdict_id']}").json()
         assert verdict["document"] == reported["document"] and verdict["digest"] == reported["digest"]
@@ -184,9 +184,15 @@ def test_verdicts_carry_the_evidence_verify_reported(recorded):
         ({"passed": "false"}, {"nof_delta_zero"}),
         ({"passed": "true", "kind": "parity"}, {"save_parity", "load_parity"}),
         ({"criterion": "both_tiers_written"}, {"both_tiers_written"}),
-        ({"run": "media/tiered"}, {"save_parity", "load_parity", "nof_delta_zero", "both_tiers_written"}),
+        (
+            {"run": "media/tiered"},
+            {"save_parity", "load_parity", "nof_delta_zero", "both_tiers_written", "prompt_tokens_conserved"},
+        ),
         ({"run": "nope"}, set()),
-        ({"since": 0}, {"save_parity", "load_parity", "nof_delta_zero", "both_tiers_written"}),
+        (
+            {"since": 0},
+            {"save_parity", "load_parity", "nof_delta_zero", "both_tiers_written", "prompt_tokens_conserved"},
+        ),
         ({"since": 4e9}, set()),
         *[({"criterion": attempt}, set()) for attempt in INJECTIONS],
         *[({"run": attempt}, set()) for attempt in INJECTIONS],

@@ -54,13 +54,13 @@ ANSWERED: defaultdict[str, Counter[int]] = defaultdict(Counter)
 
 @pytest.fixture(scope="module")
 def client(app_factory, tmp_path_factory):
-    """The running service over a database that holds a finished A/B (two runs, six verdicts)."""
+    """The running service over a database that holds a finished A/B (two runs, seven verdicts)."""
     folder = tmp_path_factory.mktemp("fuzz")
     long_output = parse_scenario(yaml.safe_load((ROOT / "examples" / "long_output.yaml").read_text()))
     with Database(folder / "kvscope.duckdb") as db:
         seed = ABManager(db, AlertBook(), folder / "ab", [CRITERIA]).start(long_output)
         seed.thread.join(60)
-        assert seed.status == "finished" and len(seed.verdicts) == 6
+        assert seed.status == "finished" and len(seed.verdicts) == 7
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(scenarios, "MAX_BLOCK_LOOKUPS", 100_000)  # a generated A/B: a fraction of a second
         patch.setattr(scenarios, "MAX_REAL_BYTES", 64 * 1024**2)

@@ -64,7 +64,7 @@ def test_a_mooncake_ab_runs_one_at_a_time_and_is_judged_on_its_ssd_tier(client):
     verdicts = {verdict["criterion"]: verdict for verdict in state["verdicts"]}
     assert {name for name, v in verdicts.items() if v["passed"]} == {
         "dram_only_no_collapse", "tiered_no_collapse", "tiered_sim_no_collapse",
-        "save_parity", "load_parity", "nof_delta_zero", "both_tiers_written",
+        "save_parity", "load_parity", "nof_delta_zero", "both_tiers_written", "prompt_tokens_conserved",
     }, verdicts  # fmt: skip
     real, simulated = state["arms"]["tiered"]["rows"], state["arms"]["tiered_sim"]["rows"]
     assert [row["hit_ratio"] for row in real] == [row["hit_ratio"] for row in simulated]  # nothing evicted

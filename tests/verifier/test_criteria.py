@@ -235,3 +235,58 @@ def test_criteria_params_are_bound_into_every_string_and_unknown_ones_refused(tm
     assert bound.params == {"lower_tier": "ssd"}  # the evidence keeps what was bound
     with pytest.raises(CriteriaError, match="no parameter 'upper'"):
         load_criteria(path, {"upper": "x"})
+
+
+# ------------------------------------------------------------------------------------------------ balance
+
+PROMPT_TOKENS_CONSERVED = {
+    "name": "conserved",
+    "kind": "balance",
+    "runs": ["a"],
+    "parts": [
+        {"name": "kv.prompt.tokens", "where": {"source": "computed"}},
+        {"name": "kv.prefix.hit.tokens", "where": {"layer": "gpu"}},
+        {"name": "kv.prefix.hit.tokens", "where": {"layer": "external"}},
+    ],
+    "total": {"name": "kv.prefix.query.tokens", "where": {"layer": "gpu"}},
+}
+
+
+def three_rounds(recording, run: str, computed: list[float]) -> None:
+    """Scrapes at 1000..1006 s; the round counter reaches 1, 2, 3 at 1002, 1004, 1006 s. Prompt tokens per round:
+    100, 150, 200, of which the GPU hit 0, 50, 100 and the store 0, 30, 60 (cumulative series below)."""
+    recording.add(run, "tierstore_engine_rounds_total", [0, 0, 1, 1, 2, 2, 3], normalized=False, store=run)
+    recording.add(run, "kv.prefix.query.tokens", [0, 40, 100, 160, 250, 400, 450], layer="gpu")
+    recording.add(run, "kv.prefix.hit.tokens", [0, 0, 0, 20, 50, 100, 150], layer="gpu")
+    recording.add(run, "kv.prefix.hit.tokens", [0, 0, 0, 10, 30, 60, 90], layer="external")
+    recording.add(run, "kv.prompt.tokens", computed, source="computed")
+
+
+def test_balance_holds_exactly_in_every_round(recording):
+    three_rounds(recording, "a", [0, 40, 100, 130, 170, 190, 210])
+    outcome = judge(recording, PROMPT_TOKENS_CONSERVED, ("a",))
+    assert [(r["round"], r["parts_sum"], r["total"]) for r in outcome.rows] == [
+        (1, 100, 100),
+        (2, 150, 150),
+        (3, 200, 200),
+    ]
+    assert outcome.passed
+
+
+def test_one_token_out_of_balance_in_one_round_fails_that_round(recording):
+    """Round 2 recomputes one token more than its misses: the engine counted a token twice."""
+    three_rounds(recording, "a", [0, 40, 100, 130, 171, 191, 211])
+    outcome = judge(recording, PROMPT_TOKENS_CONSERVED, ("a",))
+    assert [(r["round"], r["difference"], r["passed"]) for r in outcome.rows] == [
+        (1, 0, True),
+        (2, 1, False),
+        (3, 0, True),
+    ]
+    assert not outcome.passed
+
+
+def test_balance_judges_every_run_it_names(recording):
+    three_rounds(recording, "a", [0, 40, 100, 130, 170, 190, 210])
+    three_rounds(recording, "b", [0, 40, 100, 130, 170, 190, 209])
+    outcome = judge(recording, {**PROMPT_TOKENS_CONSERVED, "runs": ["a", "b"]}, ("a", "b"))
+    assert [(r["run"], r["round"], r["passed"]) for r in outcome.rows if not r["passed"]] == [("b", 3, False)]
