@@ -12,6 +12,7 @@ from __future__ import annotations
 import statistics
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -22,7 +23,7 @@ from kvscope.tierstore import scenario as spec
 from kvscope.tierstore.backends import make_backend
 from kvscope.tierstore.engine import EngineEmulator, Served
 from kvscope.tierstore.live import ENGINES
-from kvscope.tierstore.mooncake_tier import MooncakeTier
+from kvscope.tierstore.mooncake_tier import MooncakeTier, RequestClock
 from kvscope.tierstore.planner import Plan, plan
 from kvscope.tierstore.policies import MooncakePolicy, make_policy
 from kvscope.tierstore.store import KVStore, NoStore, TieredStore
@@ -41,10 +42,16 @@ class ArmListener(Protocol):
 
 
 def build_store(
-    arm: spec.ArmSpec, block_bytes: int, arm_name: str, workdir: Path | None, system: str | None = None
+    arm: spec.ArmSpec,
+    block_bytes: int,
+    arm_name: str,
+    workdir: Path | None,
+    system: str | None = None,
+    clock: RequestClock | None = None,
 ) -> KVStore:
-    """An arm's store. Embedded: file backends without a path get `<workdir>/<arm>-<tier>.blocks`. Mooncake: the
-    real processes are started (and labelled `system` in their metrics, default the arm's name)."""
+    """An arm's store. Embedded: file backends without a path get `<workdir>/<arm>-<tier>.blocks`, a `mooncake`
+    policy tier runs on `clock` (default: the arm's request pacing). Mooncake: the real processes are started (and
+    labelled `system` in their metrics, default the arm's name)."""
     if arm.store == "mooncake":
         from kvscope.tierstore.mooncake import MooncakeStore
 
@@ -62,7 +69,7 @@ def build_store(
         if tier.policy == "mooncake":
             settings = arm.mooncake_settings
             policy = MooncakePolicy(settings.lease_ttl, settings.eviction_high_watermark, settings.eviction_ratio)
-            return MooncakeTier(tier.name, tier.capacity, policy, settings.request_interval,
+            return MooncakeTier(tier.name, tier.capacity, policy, clock or RequestClock(settings.request_interval),
                                 settings.put_retry_budget > 0, backend, tier.read_bandwidth)  # fmt: skip
         return Tier(tier.name, tier.capacity, make_policy(tier.policy), backend, tier.read_bandwidth)
 
@@ -105,7 +112,8 @@ class _RoundTally:
 class ArmRun:
     """One arm being served a round at a time: `run_arm` drives it to the end, the service interleaves arms.
 
-    `name` is one of the scenario's `runnable_arms` (a mirrored arm's simulation is `<name>_sim`). With
+    `name` is one of the scenario's `runnable_arms` (a mirrored arm's simulation is `<name>_sim`, its Mooncake
+    segment on `clock`: the real arm's request times, see `mirror_clock`). With
     `published_as`, the arm's engine is published under that name for the `tierstore` exporter source, and a real
     store's metrics carry it as their `system`. `observed` holds the exporter states of the real store's latest
     scrape (at the start, after each round, at the end), from which the arm's tier figures were taken.
@@ -118,12 +126,13 @@ class ArmRun:
         the_plan: Plan,
         workdir: Path | None = None,
         published_as: str | None = None,
+        clock: RequestClock | None = None,
     ) -> None:
         started = time.monotonic()
         self.scenario, self.name, self.plan = scenario, name, the_plan
         self.spec = scenario.runnable_arms[name]
         self.system = published_as or f"{scenario.name}/{name}"
-        self.store = build_store(self.spec, scenario.block_bytes, name, workdir, self.system)
+        self.store = build_store(self.spec, scenario.block_bytes, name, workdir, self.system, clock)
         self.engine = build_engine(scenario, self.store)
         if published_as:
             ENGINES.publish(published_as, self.engine)
@@ -187,6 +196,7 @@ def make_arm(
     the_plan: Plan,
     workdir: Path | None = None,
     published_as: str | None = None,
+    clock: RequestClock | None = None,
 ):
     """The arm's runner: a real vLLM engine's (kvscope.tierstore.vllm_ab) for an arm of an `engine.kind: vllm`
     scenario, else the engine emulator's (ArmRun, also for the mirrors of vLLM arms)."""
@@ -194,7 +204,16 @@ def make_arm(
         from kvscope.tierstore.vllm_ab import VllmArm
 
         return VllmArm(scenario, name, the_plan, workdir, published_as)
-    return ArmRun(scenario, name, the_plan, workdir, published_as)
+    return ArmRun(scenario, name, the_plan, workdir, published_as, clock)
+
+
+def mirror_clock(scenario: spec.Scenario, name: str, real_rows: Sequence[dict]) -> RequestClock | None:
+    """The clock of mirror `name`: the request times its real arm's rows record (a vLLM arm's), read as they
+    come, so the model's leases run out when the real store's did; None for any other arm."""
+    real = name.removesuffix("_sim")
+    if name in scenario.arms or real not in scenario.arms or scenario.engine.kind != "vllm":
+        return None
+    return RequestClock(scenario.arms[real].mooncake_settings.request_interval, real_rows)
 
 
 def run_arm(
@@ -204,13 +223,14 @@ def run_arm(
     listener: ArmListener | None = None,
     workdir: Path | None = None,
     publish: bool = False,
+    clock: RequestClock | None = None,
 ) -> dict:
     """Serve the scenario's requests on arm `name`; returns the arm's object of the contract.
 
     With `publish`, the arm's engine is published as "<scenario>/<arm>" for the `tierstore` exporter source, before
     `listener.arm_started` (a recorder's round-0 scrape).
     """
-    arm = make_arm(scenario, name, the_plan, workdir, f"{scenario.name}/{name}" if publish else None)
+    arm = make_arm(scenario, name, the_plan, workdir, f"{scenario.name}/{name}" if publish else None, clock)
     try:
         if listener:
             listener.arm_started(arm)
@@ -234,7 +254,8 @@ def run_ab(
     """Every arm of the scenario (mirrors included), in the contract's shape.
 
     Embedded arms run one after the other; real-store arms run at the same time, each in a thread of its own that
-    starts and stops its processes (they spend their time waiting on the store and the request pacing).
+    starts and stops its processes (they spend their time waiting on the store and the request pacing). The mirror
+    of a vLLM arm runs after it, in its thread, on the request times it recorded.
     """
     the_plan = plan(scenario)
     arms = scenario.runnable_arms
@@ -242,9 +263,14 @@ def run_ab(
     failures: list[BaseException] = []
     serialized = _Serialized(listener) if listener else None
 
+    replayed = {f"{name}_sim" for name in scenario.arms if mirror_clock(scenario, f"{name}_sim", []) is not None}
+
     def run(name: str) -> None:
         try:
             results[name] = run_arm(scenario, name, the_plan, serialized, workdir, publish)
+            if (mirror := f"{name}_sim") in replayed and mirror in arms:
+                clock = mirror_clock(scenario, mirror, results[name]["rounds"])
+                results[mirror] = run_arm(scenario, mirror, the_plan, serialized, workdir, publish, clock)
         except BaseException as error:
             failures.append(error)
 
@@ -254,7 +280,7 @@ def run_ab(
         thread.start()
     try:
         for name in arms:
-            if not scenario.served_apart(name):
+            if not scenario.served_apart(name) and name not in replayed:
                 results[name] = run_arm(scenario, name, the_plan, serialized, workdir, publish)
     finally:
         for thread in threads:

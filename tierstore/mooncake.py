@@ -304,12 +304,15 @@ class MooncakeArm:
 class Pacer:
     """Requests at least `interval` seconds apart, start to start: the lease a request's lookups grant has run out
     when the next ones evict. `late_s` is the most a request started after its slot (a server slower than the
-    pacing: the run's timing then is the server's, not the scenario's)."""
+    pacing: the run's timing then is the server's, not the scenario's). `starts` are the requests' start times, in
+    seconds from the first one's: a mirror of the arm replays them (kvscope.tierstore.mooncake_tier.RequestClock)."""
 
     def __init__(self, interval: float) -> None:
         self.interval = interval
         self.late_s = 0.0
+        self.starts: list[float] = []
         self._next_at: float | None = None
+        self._first_at: float | None = None
 
     def wait(self) -> None:
         now = time.monotonic()
@@ -320,6 +323,9 @@ class Pacer:
             else:
                 self.late_s = max(self.late_s, now - self._next_at)
         self._next_at = now + self.interval
+        if self._first_at is None:
+            self._first_at = now
+        self.starts.append(now - self._first_at)
 
     def take_late_s(self) -> float:
         """The most a request started late since the last call."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvscope.tierstore.mooncake_tier import MooncakeTier
+from kvscope.tierstore.mooncake_tier import MooncakeTier, RequestClock
 from kvscope.tierstore.policies import LruPolicy, MooncakePolicy
 from kvscope.tierstore.store import TieredStore
 from kvscope.tierstore.tier import Tier
@@ -17,7 +17,7 @@ BLOCK = 100
 
 
 def segment(ttl: float = 0.05, watermark: float = 0.9, ratio: float = 0.05, retries: bool = True) -> MooncakeTier:
-    return MooncakeTier("dram", 10 * BLOCK, MooncakePolicy(ttl, watermark, ratio), 0.1, retries)
+    return MooncakeTier("dram", 10 * BLOCK, MooncakePolicy(ttl, watermark, ratio), RequestClock(0.1), retries)
 
 
 def keys(prefix: str, count: int) -> list[str]:
@@ -118,3 +118,29 @@ def test_in_a_tiered_store_what_the_segment_evicts_is_offloaded_when_demoting(pl
     evicted = [key for key in keys("a", 3) if key not in store.tiers[0]]
     assert evicted and all(key in ssd for key in evicted)
     assert store.read_prefix(keys("a", 3)).blocks == 3  # the chain is whole across the two tiers
+
+
+def test_the_clock_of_a_mirror_is_when_the_real_arm_sent_its_requests():
+    """Rows record each round's request start times; past them the pacing goes on from the last one."""
+    rows = [{"request_start_s": [0.0, 0.5]}]
+    clock = RequestClock(0.1, rows)
+    assert [clock(i) for i in range(4)] == [0.0, 0.5, 0.6, pytest.approx(0.7)]
+    rows.append({"request_start_s": [2.5, 3.0]})  # the real arm's next round, read as it comes
+    assert [clock(i) for i in (2, 3, 4)] == [2.5, 3.0, pytest.approx(3.1)]
+    assert [RequestClock(0.1)(i) for i in (0, 3)] == [0.0, pytest.approx(0.3)]
+
+
+def test_a_late_real_request_lets_a_lease_run_out_that_the_paced_clock_would_keep():
+    """A chain read with a 1 s lease, then puts that fill the segment: paced 0.1 s apart the chain is still leased
+    when the segment fills and the blocks put since go; sent 1.5 s later (a real server slower than the pacing) the
+    chain's lease ran out before theirs and it goes first."""
+
+    def evicted(clock: RequestClock) -> list[str]:
+        tier = MooncakeTier("dram", 10 * BLOCK, MooncakePolicy(1.0, 0.9, 0.05), clock, True)
+        request(tier, puts=keys("a", 5))  # request 0
+        request(tier, reads=keys("a", 5))  # request 1: a0..a4 leased for 1 s
+        request(tier, puts=keys("b", 4))  # request 2: 9 blocks, at the watermark
+        return request(tier, puts=["c0"])  # request 3: above it, a batch of 2 goes
+
+    assert evicted(RequestClock(0.1)) == ["b0", "b1"]  # t = 0.1, 0.2, 0.3: a leased until 1.1
+    assert evicted(RequestClock(0.1, [{"request_start_s": [0.0, 0.1, 1.6, 1.7]}])) == ["a0", "a1"]
