@@ -18,6 +18,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+import yaml
 from support.proctree import alive, cmdline, descendants
 from typer.testing import CliRunner
 
@@ -61,19 +62,23 @@ def _conserved_and_agreeing(arm: dict) -> None:
 
 
 def _mirrors_agree(data: dict, name: str) -> None:
-    """The embedded store's model of the arm (vLLM's blocks freed tail first, then Mooncake's policy) is within
-    0.05 of the real arm in every round before a collapse, and within 0.15 from the collapse round on, where the real
-    arm does not repeat itself: rounds 8-10 of the example measured .118/0/0 (with a 2 s lease 0.5 s apart),
-    .059/.039/0 and .162/.099/.012 in three runs, the model .162/0/0."""
+    """The embedded store's model of the arm (vLLM's blocks freed tail first, then Mooncake's policy, on the real
+    arm's request times) is within 0.05 of the real arm in every round before a collapse, collapses in the same
+    round, and after it both stay collapsed (under a quarter of the ideal). The round after the collapse is where the
+    real arm does not repeat itself: round 8 of the example measured .118, .059, .162, .037 and .022 in five runs, the
+    model .162 (with the real request times as with the nominal ones)."""
     real, model = data["arms"][name]["rounds"], data["arms"][f"{name}_sim"]["rounds"]
     assert [r["query_tokens"] for r in model] == [r["query_tokens"] for r in real]
     collapse = data["arms"][name]["observed_collapse_round"]
+    curves = f"real {[round(r['hit_ratio'], 3) for r in real]}, model {[round(r['hit_ratio'], 3) for r in model]}"
+    assert data["arms"][f"{name}_sim"]["observed_collapse_round"] == collapse, curves
     for a, b in zip(real, model, strict=True):
-        allowed = 0.15 if collapse and a["round"] >= collapse else 0.05
-        assert abs(a["hit_ratio"] - b["hit_ratio"]) <= allowed, (
-            f"{name} round {a['round']}: real {[round(r['hit_ratio'], 3) for r in real]}, "
-            f"model {[round(r['hit_ratio'], 3) for r in model]}"
-        )
+        if collapse and a["round"] > collapse:
+            assert max(a["hit_ratio"], b["hit_ratio"]) < a["ideal_hit_ratio"] / 4, (
+                f"{name} round {a['round']}: {curves}"
+            )
+        else:
+            assert abs(a["hit_ratio"] - b["hit_ratio"]) <= 0.05, f"{name} round {a['round']}: {curves}"
 
 
 def test_real_vllm_and_mooncake_collapse_where_the_planner_says(real_stack, tmp_path):
@@ -115,27 +120,36 @@ def test_media_criteria_pass_on_the_recorded_real_vllm_and_mooncake_series(real_
     assert verified.exit_code == 0, verified.output
     verdicts = json.loads((tmp_path / "verdicts.json").read_text())["verdicts"]
     documents = {v["document"]["criterion"]["name"]: v["document"] for v in verdicts}
-    assert set(documents) == {"save_parity", "load_parity", "nof_delta_zero", "both_tiers_written"}
+    assert set(documents) == {
+        "save_parity",
+        "load_parity",
+        "nof_delta_zero",
+        "both_tiers_written",
+        "prompt_tokens_conserved",
+    }
     assert all(document["passed"] for document in documents.values())
     written = {row["tier"]: row["written"] for row in documents["both_tiers_written"]["observed"]}
     assert written["dram"] > 0 and written["ssd"] > 0
 
 
 def test_sigkill_of_ab_run_mid_run_leaves_no_vllm_or_mooncake_process_and_no_port(real_stack, tmp_path):
-    """kvscope killed with SIGKILL once its arms' Mooncake stores serve and their vLLM servers have started their
-    engine cores (the processes a killed kvscope once left running): every one of those processes goes, and nothing
-    they listened on still listens."""
+    """kvscope killed with SIGKILL once its arm's Mooncake store serves and its vLLM server has started its engine
+    core and worker (the processes a killed kvscope once left running): every one of those processes goes, and
+    nothing they listened on still listens. The example's DRAM-only arm alone: one server starts faster than two."""
+    scenario = yaml.safe_load(EXAMPLE.read_text())
+    scenario["arms"] = {"dram_only": {**scenario["arms"]["dram_only"], "mirror": False}}
+    (tmp_path / "one_arm.yaml").write_text(yaml.safe_dump(scenario))
     script = Path(sys.executable).with_name("kvscope")
     command = [str(script)] if script.exists() else [sys.executable, "-c", "from kvscope.cli import app; app()"]
-    kvscope = subprocess.Popen([*command, "ab", "run", str(EXAMPLE)], stdout=subprocess.DEVNULL,
+    kvscope = subprocess.Popen([*command, "ab", "run", str(tmp_path / "one_arm.yaml")], stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL, cwd=tmp_path)  # fmt: skip
     try:
         deadline, working = time.monotonic() + 240, []
-        while time.monotonic() < deadline and len(working) < 2:  # both servers have their engine core
+        while time.monotonic() < deadline and not working:  # the server has its engine core and its worker
             servers = [pid for pid in descendants(kvscope.pid) if b"vllm_side/serve.py" in cmdline(pid)]
-            working = [pid for pid in servers if any(b"VLLM::EngineCore" in cmdline(d) for d in descendants(pid))]
+            working = [pid for pid in servers if any(b"VLLM::Worker" in cmdline(d) for d in descendants(pid))]
             time.sleep(0.5)
-        assert len(working) == 2, "the vLLM servers did not start their engines"
+        assert working, "the vLLM server did not start its engine"
         time.sleep(3)
         processes = {pid: listening_sockets(pid) for pid in descendants(kvscope.pid)}
         assert any(b"mooncake_master" in cmdline(pid) for pid in processes)

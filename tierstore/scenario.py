@@ -301,6 +301,13 @@ class VllmSettings(_Strict):
         None, gt=0, description="default: the longest prompt and output of the workload, at most 4096"
     )
     start_timeout: Seconds = Field(300.0, gt=0, description="how long the server may take to be ready")
+    request_timeout: Seconds = Field(
+        60.0,
+        gt=0,
+        le=600,
+        description="how long one chat request may take (a load that fails again and again, which vLLM's connector "
+        "recomputes and retries without end, fails the arm here with the server's account of it)",
+    )
 
 
 class EngineSpec(_Strict):

@@ -110,6 +110,7 @@ class VllmServer:
         env: dict[str, str] | None = None,
         name: str = "tiny",
         cpus: str | None = None,
+        label: str | None = None,
     ) -> None:
         if block_tokens % 32:
             raise ValueError(f"vLLM's CPU attention needs a block size that is a multiple of 32, not {block_tokens}")
@@ -135,7 +136,7 @@ class VllmServer:
             environment["VLLM_CPU_OMP_THREADS_BIND"] = cpus
         environment.pop("VIRTUAL_ENV", None)
         self.process = OwnedProcess(
-            f"vllm serve ({name})",
+            f"vllm serve ({label or name})",  # the label names the server in errors (an A/B's arm)
             self.argv,
             workdir / f"vllm-{self.port}.log",
             env=environment,

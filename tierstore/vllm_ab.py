@@ -104,7 +104,7 @@ class VllmArm:
         assert settings is not None
         self._dir = owned_directory("kvscope-vllm-")
         self._loop = asyncio.new_event_loop()
-        self._client = httpx.Client(timeout=120)
+        self._client = httpx.Client(timeout=settings.request_timeout)
         self.server: VllmServer | None = None
         # vLLM alone (an arm without tiers): no store, no connector, requests as fast as the engine takes them
         self.store: MooncakeStore | NoStore = NoStore()
@@ -117,7 +117,7 @@ class VllmArm:
             model = tiny_model(scenario).build(self._dir / "model")
             self.server = VllmServer(
                 model, self._dir, settings.gpu_blocks, scenario.block_tokens, scenario.vllm_max_model_len,
-                extra_args=extra_args, env=env,
+                extra_args=extra_args, env=env, label=f"arm {name}",
                 cpus=cpu_share(list(scenario.arms).index(name), len(scenario.arms)),  # the arms run at once
             )  # fmt: skip
             self.server.wait_ready(settings.start_timeout)
@@ -178,6 +178,7 @@ class VllmArm:
         started = time.monotonic()
         planned = self.plan.rounds[index]
         reported = Counter()
+        first = len(self.pacer.starts)
         for request in requests:
             self.pacer.wait()
             usage = self._chat(request.session, index + 1, request.prompt_tokens)
@@ -188,6 +189,7 @@ class VllmArm:
         after = self._snapshot(self.store.counters())
         row = self._row(index + 1, len(requests), planned.ideal_hit_ratio, reported, self._last, after)
         row["late_s"] = self.pacer.take_late_s()
+        row["request_start_s"] = [round(start, 4) for start in self.pacer.starts[first:]]
         self._last = after
         self.rows.append(row)
         self.seconds["rounds"] += time.monotonic() - started
