@@ -19,6 +19,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
+from support.criteria import MEDIA_CRITERIA
 from support.proctree import alive, cmdline, descendants
 from typer.testing import CliRunner, Result
 
@@ -117,13 +118,7 @@ def test_media_criteria_pass_on_real_mooncake_metrics_and_catch_a_planted_write(
     assert passed.exit_code == 0, passed.output
     verdicts = json.loads((tmp_path / "verdicts.json").read_text())["verdicts"]
     documents = {v["document"]["criterion"]["name"]: v["document"] for v in verdicts}
-    assert set(documents) == {
-        "save_parity",
-        "load_parity",
-        "nof_delta_zero",
-        "both_tiers_written",
-        "prompt_tokens_conserved",
-    }
+    assert set(documents) == MEDIA_CRITERIA
     delta = documents["nof_delta_zero"]["observed"]
     assert [row["delta"] for row in delta] == [0] and delta[0]["labels"]["tier"] == "ssd"
     assert delta[0]["target"].startswith("mooncake-master-")  # the master's file-tier allocation, a real series

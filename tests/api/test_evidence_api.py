@@ -15,6 +15,7 @@ import pytest
 import yaml
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from support.criteria import MEDIA_CRITERIA
 from typer.testing import CliRunner
 
 from kvscope.api.routers import evidence
@@ -186,12 +187,12 @@ def test_verdicts_carry_the_evidence_verify_reported(recorded):
         ({"criterion": "both_tiers_written"}, {"both_tiers_written"}),
         (
             {"run": "media/tiered"},
-            {"save_parity", "load_parity", "nof_delta_zero", "both_tiers_written", "prompt_tokens_conserved"},
+            MEDIA_CRITERIA,
         ),
         ({"run": "nope"}, set()),
         (
             {"since": 0},
-            {"save_parity", "load_parity", "nof_delta_zero", "both_tiers_written", "prompt_tokens_conserved"},
+            MEDIA_CRITERIA,
         ),
         ({"since": 4e9}, set()),
         *[({"criterion": attempt}, set()) for attempt in INJECTIONS],

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import yaml
+from support.criteria import MEDIA_CRITERIA
 from typer.testing import CliRunner
 
 from kvscope.cli import app
@@ -68,13 +69,7 @@ def test_a_load_that_does_not_collapse_passes_every_media_criterion(tmp_path):
     code, report = verify(db, MEDIA, tmp_path)
     verdicts = by_name(report)
     assert code == 0 and report["passed"]
-    assert set(verdicts) == {
-        "save_parity",
-        "load_parity",
-        "nof_delta_zero",
-        "both_tiers_written",
-        "prompt_tokens_conserved",
-    }
+    assert set(verdicts) == MEDIA_CRITERIA
     assert all(v["passed"] for v in verdicts.values())
     save = verdicts["save_parity"]["observed"][0]
     assert save["a_value"] == save["b_value"] > 0  # the same saves, counted once per logical put in both arms
