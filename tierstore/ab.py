@@ -98,9 +98,11 @@ class _RoundTally:
     recompute_tokens: int = 0
     put_bytes: int = 0
     ttft_s: list[float] = field(default_factory=list)
+    request_hit_tokens: list[int] = field(default_factory=list)
 
     def add(self, served: Served) -> None:
         self.requests += 1
+        self.request_hit_tokens.append(served.hit_tokens)
         self.query_tokens += served.prompt_tokens
         self.hit_tokens += served.hit_tokens
         self.gpu_hit_tokens += served.gpu_hit_tokens
@@ -159,6 +161,8 @@ class ArmRun:
         engine.counters.bound_hit_tokens += planned.ideal_hit_tokens
         after = self._snapshot(self.store.counters())
         row = _round_row(index + 1, tally, planned.ideal_hit_ratio, self._last, after)
+        if self.scenario.engine.kind == "vllm":  # a mirror: its requests side by side with the real engine's
+            row["request_hit_tokens"] = tally.request_hit_tokens
         self._last = after
         self.rows.append(row)
         self.seconds["rounds"] += time.monotonic() - started

@@ -178,18 +178,21 @@ class VllmArm:
         started = time.monotonic()
         planned = self.plan.rounds[index]
         reported = Counter()
-        first = len(self.pacer.starts)
+        first, request_hits = len(self.pacer.starts), []
         for request in requests:
             self.pacer.wait()
             usage = self._chat(request.session, index + 1, request.prompt_tokens)
+            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
             reported["prompt"] += usage["prompt_tokens"]
-            reported["cached"] += (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+            reported["cached"] += cached
+            request_hits.append(cached)
         self.engine.counters.rounds += 1
         self.engine.counters.bound_hit_tokens += planned.ideal_hit_tokens
         after = self._snapshot(self.store.counters())
         row = self._row(index + 1, len(requests), planned.ideal_hit_ratio, reported, self._last, after)
         row["late_s"] = self.pacer.take_late_s()
         row["request_start_s"] = [round(start, 4) for start in self.pacer.starts[first:]]
+        row["request_hit_tokens"] = request_hits  # each response's cached tokens, in the workload's order
         self._last = after
         self.rows.append(row)
         self.seconds["rounds"] += time.monotonic() - started
