@@ -126,12 +126,17 @@ class OwnedProcess:
 
     def peak_rss_bytes(self) -> int | None:
         """The most resident memory the process has had (the kernel's VmHWM); None once it is gone."""
-        try:
-            status = Path(f"/proc/{self.pid}/status").read_text()
-        except OSError:
-            return None
-        line = next((line for line in status.splitlines() if line.startswith("VmHWM:")), None)
-        return int(line.split()[1]) * 1024 if line else None
+        return _peak_rss(self.pid)
+
+    def peak_rss_by_process(self) -> dict[str, int]:
+        """Each living process of the tree (this one and the processes it started), by `pid name`: its peak
+        resident memory. Their sum bounds the tree's peak from above (the peaks need not have coincided)."""
+        peaks = {}
+        for pid in [self.pid, *_descendants(self.pid)]:
+            if (peak := _peak_rss(pid)) is not None:
+                with contextlib.suppress(OSError):
+                    peaks[f"{pid} {Path(f'/proc/{pid}/comm').read_text().strip()}"] = peak
+        return peaks
 
 
 def owned_directory(prefix: str) -> Path:
@@ -207,6 +212,16 @@ def listening_sockets(pid: int) -> list[Listener]:
                 address, port = fields[1].split(":")
                 found.append(Listener(_address(address, family), int(port, 16)))
     return sorted(set(found), key=lambda listener: listener.port)
+
+
+def _peak_rss(pid: int) -> int | None:
+    """A process's VmHWM in bytes; None once it is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    line = next((line for line in status.splitlines() if line.startswith("VmHWM:")), None)
+    return int(line.split()[1]) * 1024 if line else None
 
 
 def _descendants(pid: int) -> list[int]:

@@ -141,6 +141,7 @@ class VllmArm:
             raise
         self.rows: list[dict] = []
         self.failure_codes: dict[str, int] = {}
+        self.peak_rss: dict[str, int] = {}  # the server's processes' peak resident memory, at the end
         self.disagreements = 0
         self.seconds = {"start": time.monotonic() - started, "rounds": 0.0}
 
@@ -201,6 +202,8 @@ class VllmArm:
     def finish(self) -> None:
         self._last = self._snapshot(self.store.settled_counters())
         self.failure_codes = self._failure_codes()
+        if self.server is not None:  # read before it stops
+            self.peak_rss = self.server.process.peak_rss_by_process()
 
     def result(self) -> dict:
         from kvscope.tierstore.ab import arm_totals, observed_collapse_round
@@ -216,7 +219,7 @@ class VllmArm:
                        "cached_tokens_disagreements": self.disagreements,
                        "connector_failed_keys": dict(failed),
                        "connector_failure_codes": self.failure_codes,
-                       "listening": self.listening},
+                       "listening": self.listening, "peak_rss_bytes": self.peak_rss},
             "store": self.store.report(),
             "wall_s": dict(self.seconds),
             "rounds": self.rows,

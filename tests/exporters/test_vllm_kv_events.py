@@ -1,6 +1,6 @@
 """The vLLM KV-event source from frames a real vLLM 0.32 published (tests/fixtures/vllm-kv-events, PROVENANCE.md):
 decoding, the stream's accounting of gaps, replays, losses and restarts, hostile payloads and configurations. The
-source against vLLM's own publisher and a real engine: tests/exporters/test_vllm_kv_events_real.py."""
+source against a real engine, joining late and replaying what it missed: tests/exporters/test_vllm_real.py."""
 
 from __future__ import annotations
 

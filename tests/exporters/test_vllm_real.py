@@ -22,12 +22,14 @@ from kvscope.tierstore.vllm import TinyModel, VllmServer, vllm_missing, words
 
 BLOCK = 32
 SESSIONS, ROUNDS, FIRST, USER, OUTPUT = 4, 3, 96, 32, 16
+WARM_UP_PROMPT = 2 * BLOCK - OUTPUT + 1  # with the output but its last token: 2 full blocks
 
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     """The server and a KV-event subscriber that binds the endpoint the server connects to (everything on
-    127.0.0.1: vLLM binds its PUB socket only for a wildcard endpoint); dev mode for /reset_prefix_cache."""
+    127.0.0.1: vLLM binds its PUB socket only for a wildcard endpoint); dev mode for /reset_prefix_cache. The
+    subscriber joins after one request (2 blocks, one published before it joined): what it missed is replayed."""
     missing = vllm_missing()
     if missing:
         from conftest import REQUIRE_REAL
@@ -39,7 +41,6 @@ def engine(tmp_path_factory):
     endpoint, replay = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
     events = CollectorThread(VllmKvEventsCollector(VllmKvEventsCollector.Config(
         name="vllm-0", source="vllm_kv_events", endpoint=endpoint, bind=True, replay_endpoint=replay)))  # fmt: skip
-    events.collect()  # subscribed
     kv_events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint, "replay_endpoint": replay}
     model = TinyModel(max_model_len=1024)
     served = VllmServer(model.build(folder / "tiny"), folder, gpu_blocks=64, block_tokens=BLOCK, max_model_len=1024,
@@ -47,6 +48,10 @@ def engine(tmp_path_factory):
                         env={"VLLM_SERVER_DEV_MODE": "1"})  # fmt: skip
     try:
         served.wait_ready()
+        with httpx.Client(timeout=60) as client:
+            served.chat(client, [{"role": "user", "content": words(3800, WARM_UP_PROMPT, 4000)}], OUTPUT)
+        events.collect()  # subscribed now; the engine connects within its reconnect interval
+        time.sleep(1)
         yield served, events
     finally:
         served.stop()
@@ -84,11 +89,12 @@ def scrape(server: VllmServer) -> tuple[dict, dict]:
 def test_a_multi_round_chat_on_real_vllm_is_counted_as_the_engine_answered(engine):
     """Every response's prompt tokens are exact, and the mapped prefix-cache hits equal the cached tokens the
     engine reported in its responses; vLLM's prompt tokens by source add up to its prompt tokens; the KV-event
-    stream reports every block the engine newly cached, and no loss."""
+    stream reports every block the engine newly cached since it started (the warm-up's first block replayed: it was
+    published before the subscriber joined), and no loss."""
     server, events = engine
     before_model, before_raw = scrape(server)
-    before_events = event_counts(events)
-    prompt = cached = newly_cached_blocks = 0
+    prompt = cached = 0
+    newly_cached_blocks = 2  # the warm-up's
     history = {session: [{"role": "user", "content": words(session * 500, FIRST, 4000)}] for session in range(SESSIONS)}
     with httpx.Client(timeout=60) as client:
         for round_number in range(1, ROUNDS + 1):
@@ -131,19 +137,21 @@ def test_a_multi_round_chat_on_real_vllm_is_counted_as_the_engine_answered(engin
     # the events of the last request's step are published with the engine's next step: one more request, of
     # tokens of its own (two blocks newly cached, nothing hit)
     with httpx.Client(timeout=60) as client:
-        server.chat(client, [{"role": "user", "content": words(3900, 2 * BLOCK - OUTPUT + 1, 4000)}], OUTPUT)
+        server.chat(client, [{"role": "user", "content": words(3900, WARM_UP_PROMPT, 4000)}], OUTPUT)
     newly_cached_blocks += 2
     deadline, stored = time.monotonic() + 10, 0
     while time.monotonic() < deadline and stored < newly_cached_blocks:
-        after_events = event_counts(events)
-        stored = (
-            after_events[("kv.events.blocks", "gpu", "stored")] - before_events[("kv.events.blocks", "gpu", "stored")]
-        )
+        seen = event_counts(events)
+        stored = seen[("kv.events.blocks", "gpu", "stored")]
         time.sleep(0.2)
     assert stored == newly_cached_blocks
-    assert after_events[("kv.events.blocks", "gpu", "removed")] == 0  # 64 blocks hold everything
-    assert after_events[("kv.events.lost.batches", "live", None)] == after_events[("kv.events.gaps", None, None)] == 0
-    assert 0 <= after_events[("kv.events.lag", None, None)] < 5
+    assert seen[("kv.events.blocks", "gpu", "removed")] == 0  # 64 blocks hold everything
+    replayed = next(s.value for s in events.collect() if s.name == "vllm_kv_events_batches_total" and
+                    s.label_map == {"via": "replay"})  # fmt: skip
+    # the history the subscriber missed came from the replay endpoint; nothing was lost
+    assert seen[("kv.events.gaps", None, None)] == 1 and replayed > 0
+    assert seen[("kv.events.lost.batches", "history", None)] == seen[("kv.events.lost.batches", "live", None)] == 0
+    assert 0 <= seen[("kv.events.lag", None, None)] < 5
 
 
 def test_a_prefix_cache_reset_reaches_the_kv_event_stream(engine):
