@@ -106,3 +106,22 @@ def test_missing_scenario_file_is_a_clear_error(tmp_path):
     result = runner.invoke(app, ["predict", str(tmp_path / "nope.yaml")])
     assert result.exit_code == 2
     assert "cannot read scenario" in result.output
+
+
+def test_excess_recompute_is_what_the_cache_lost_of_the_ideal_per_request(long_output):
+    """All recomputed tokens (`recompute_tokens_per_request`) include the ones no cache could have served (each
+    session's new turn); the excess is only what eviction cost: 0 while an arm tracks its ideal, the lost ideal hits
+    per request once it collapsed."""
+    for name in ("dram_only", "tiered"):
+        rounds = long_output["arms"][name]["rounds"]
+        for row in rounds:
+            lost = row["ideal_hit_tokens"] - row["hit_tokens"]
+            assert row["excess_recompute_tokens_per_request"] == pytest.approx(lost / row["requests"])
+            assert row["recompute_tokens_per_request"] >= row["excess_recompute_tokens_per_request"]
+        totals = long_output["arms"][name]["totals"]
+        lost = sum(r["ideal_hit_tokens"] - r["hit_tokens"] for r in rounds)
+        assert totals["excess_recompute_tokens_per_request"] == pytest.approx(lost / totals["requests"])
+    tiered, dram_only = long_output["arms"]["tiered"]["rounds"], long_output["arms"]["dram_only"]["rounds"]
+    assert all(r["excess_recompute_tokens_per_request"] == 0 for r in tiered)
+    assert all(r["recompute_tokens_per_request"] > 0 for r in tiered)  # the new turns: recomputed by any cache
+    assert dram_only[-1]["excess_recompute_tokens_per_request"] > 0

@@ -24,7 +24,7 @@ from kvscope.tierstore.backends import make_backend
 from kvscope.tierstore.engine import EngineEmulator, Served
 from kvscope.tierstore.live import ENGINES
 from kvscope.tierstore.mooncake_tier import MooncakeTier, RequestClock
-from kvscope.tierstore.planner import Plan, plan
+from kvscope.tierstore.planner import Plan, RoundPlan, plan
 from kvscope.tierstore.policies import MooncakePolicy, make_policy
 from kvscope.tierstore.store import KVStore, NoStore, TieredStore
 from kvscope.tierstore.tier import Tier
@@ -160,7 +160,7 @@ class ArmRun:
         engine.counters.rounds += 1
         engine.counters.bound_hit_tokens += planned.ideal_hit_tokens
         after = self._snapshot(self.store.counters())
-        row = _round_row(index + 1, tally, planned.ideal_hit_ratio, self._last, after)
+        row = _round_row(index + 1, tally, planned, self._last, after)
         if self.scenario.engine.kind == "vllm":  # a mirror: its requests side by side with the real engine's
             row["request_hit_tokens"] = tally.request_hit_tokens
         self._last = after
@@ -326,7 +326,13 @@ def tier_delta(before: dict, after: dict, counter: str) -> dict[str, int]:
     return {tier: after[tier][counter] - before[tier][counter] for tier in after}
 
 
-def _round_row(number: int, tally: _RoundTally, ideal: float, before: dict, after: dict) -> dict:
+def excess_recompute_per_request(ideal_hit_tokens: float, hit_tokens: int, requests: int) -> float:
+    """Tokens recomputed per request beyond what an infinite cache would have recomputed: the hits the ideal had and
+    the cache lost (negative where an engine counts more hits than the ideal allows: a bug worth seeing)."""
+    return (ideal_hit_tokens - hit_tokens) / requests if requests else 0.0
+
+
+def _round_row(number: int, tally: _RoundTally, planned: RoundPlan, before: dict, after: dict) -> dict:
     ttft = sorted(tally.ttft_s)
     return {
         "round": number,
@@ -335,8 +341,12 @@ def _round_row(number: int, tally: _RoundTally, ideal: float, before: dict, afte
         "hit_tokens": tally.hit_tokens,
         "gpu_hit_tokens": tally.gpu_hit_tokens,
         "hit_ratio": tally.hit_tokens / tally.query_tokens if tally.query_tokens else 0.0,
-        "ideal_hit_ratio": ideal,
+        "ideal_hit_tokens": planned.ideal_hit_tokens,
+        "ideal_hit_ratio": planned.ideal_hit_ratio,
         "recompute_tokens_per_request": tally.recompute_tokens / tally.requests if tally.requests else 0.0,
+        "excess_recompute_tokens_per_request": excess_recompute_per_request(
+            planned.ideal_hit_tokens, tally.hit_tokens, tally.requests
+        ),
         "put_bytes": tally.put_bytes,
         "written_bytes": tier_delta(before, after, "written_bytes"),
         "read_bytes": tier_delta(before, after, "read_bytes"),
@@ -354,11 +364,13 @@ def arm_totals(rows: list[dict], counters: dict[str, dict[str, int]]) -> dict:
     query = sum(r["query_tokens"] for r in rows)
     hits = sum(r["hit_tokens"] for r in rows)
     requests = sum(r["requests"] for r in rows)
+    ideal_hits = sum(r["ideal_hit_tokens"] for r in rows)
     return {
         "requests": requests,
         "query_tokens": query,
         "hit_tokens": hits,
         "hit_ratio": hits / query if query else 0.0,
+        "excess_recompute_tokens_per_request": excess_recompute_per_request(ideal_hits, hits, requests),
         "put_bytes": sum(r["put_bytes"] for r in rows),
         "ttft_s_mean": sum(r["ttft_s"]["mean"] * r["requests"] for r in rows) / requests if requests else 0.0,
         "written_bytes": {tier: c["written_bytes"] for tier, c in counters.items()},

@@ -11,13 +11,15 @@ from kvscope.units import format_bytes
 
 
 def rounds_table(result: dict) -> Table:
-    """Per round, for each arm: hit ratio against the ideal, bytes written per tier, evictions."""
+    """Per round, for each arm: hit ratio against the ideal, tokens recomputed per request beyond the ideal's,
+    bytes written per tier, evictions."""
     arms = result["arms"]
     table = Table(title=f"{result['scenario']['name']}: hit ratio per round (ideal in the first column)")
     table.add_column("round", justify="right")
     table.add_column("ideal", justify="right")
     for name, arm in arms.items():
         table.add_column(f"{_arm_title(name, arm)}\nhit ratio", justify="right")
+        table.add_column(f"{name}\nexcess\nrecompute/req", justify="right")
         for tier in arm["totals"]["written_bytes"]:
             table.add_column(f"{name}\n{tier} written", justify="right")
         table.add_column(f"{name}\nevictions", justify="right")
@@ -30,6 +32,7 @@ def rounds_table(result: dict) -> Table:
             collapsed = onset is not None and arm_row["round"] >= onset
             ratio = f"{arm_row['hit_ratio']:.3f}"
             cells.append(f"[red]{ratio}[/red]" if collapsed else ratio)
+            cells.append(f"{arm_row['excess_recompute_tokens_per_request']:,.0f}")
             cells += [format_bytes(arm_row["written_bytes"][tier]) for tier in arm["totals"]["written_bytes"]]
             cells.append(f"{sum(arm_row['evictions'].values()):,}")
         table.add_row(*cells)
@@ -81,8 +84,9 @@ def verdict_lines(result: dict) -> list[str]:
         else:
             outcome = f"collapse predicted at round {predicted}, observed at round {observed} (MISMATCH)"
         lines.append(
-            f"{name}: {outcome}; hit ratio {totals['hit_ratio']:.3f} overall; mean TTFT {totals['ttft_s_mean']:.2f} s; "
-            f"written {written}"
+            f"{name}: {outcome}; hit ratio {totals['hit_ratio']:.3f} overall, "
+            f"{totals['excess_recompute_tokens_per_request']:,.0f} tokens a request recomputed beyond the ideal's; "
+            f"mean TTFT {totals['ttft_s_mean']:.2f} s; written {written}"
         )
     return lines
 

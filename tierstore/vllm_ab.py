@@ -39,7 +39,7 @@ from kvscope.tierstore import scenario as spec
 from kvscope.tierstore.engine import EngineCounters
 from kvscope.tierstore.live import ENGINES
 from kvscope.tierstore.mooncake import ERROR_NAMES, MooncakeError, MooncakeStore, Pacer
-from kvscope.tierstore.planner import Plan
+from kvscope.tierstore.planner import Plan, RoundPlan
 from kvscope.tierstore.store import NoStore
 from kvscope.tierstore.vllm import TinyModel, VllmServer, cpu_share, words
 from kvscope.tierstore.workloads import make_workload
@@ -190,7 +190,7 @@ class VllmArm:
         self.engine.counters.rounds += 1
         self.engine.counters.bound_hit_tokens += planned.ideal_hit_tokens
         after = self._snapshot(self.store.counters())
-        row = self._row(index + 1, len(requests), planned.ideal_hit_ratio, reported, self._last, after)
+        row = self._row(index + 1, len(requests), planned, reported, self._last, after)
         row["late_s"] = self.pacer.take_late_s()
         row["request_start_s"] = [round(start, 4) for start in self.pacer.starts[first:]]
         row["request_hit_tokens"] = request_hits  # each response's cached tokens, in the workload's order
@@ -307,8 +307,10 @@ class VllmArm:
                 engine[("failed", labels.get("operation"))] += sample.value
         return {**store_counters, "vllm": dict(engine)}
 
-    def _row(self, number: int, requests: int, ideal: float, reported: Counter, before: dict, after: dict) -> dict:
-        from kvscope.tierstore.ab import tier_delta
+    def _row(
+        self, number: int, requests: int, planned: RoundPlan, reported: Counter, before: dict, after: dict
+    ) -> dict:
+        from kvscope.tierstore.ab import excess_recompute_per_request, tier_delta
 
         e0, e1 = before["vllm"], after["vllm"]
 
@@ -329,8 +331,12 @@ class VllmArm:
             "gpu_hit_tokens": gpu,
             "external_hit_tokens": external,
             "hit_ratio": (gpu + external) / query if query else 0.0,
-            "ideal_hit_ratio": ideal,
+            "ideal_hit_tokens": planned.ideal_hit_tokens,
+            "ideal_hit_ratio": planned.ideal_hit_ratio,
             "recompute_tokens_per_request": computed / requests if requests else 0.0,
+            "excess_recompute_tokens_per_request": excess_recompute_per_request(
+                planned.ideal_hit_tokens, gpu + external, requests
+            ),
             "put_bytes": int(d(("connector", "save_put"))),
             "loaded_bytes": int(d(("connector", "load_get"))),
             "preemptions": int(d("vllm:num_preemptions_total")),

@@ -713,6 +713,8 @@
         ["rounds", `${arm.rounds_done} / ${detail.rounds}`],
         ["hit ratio, last round", last ? `${fmtPct(last.hit_ratio)} (ideal ${fmtPct(last.ideal_hit_ratio)})` : "–"],
         ["hit ratio, all rounds", query ? fmtPct(hits / query) : "–"],
+        // tokens a request recomputed beyond what an infinite cache would have recomputed
+        ["excess recompute, last round", last ? `${fmtInt(last.excess_recompute_tokens_per_request)} tokens/request` : "–"],
         ["collapse predicted", predicted ? `round ${predicted}` : "no"],
         ["collapse observed", observed ? `round ${observed}` : "no", !!observed],
         ["TTFT mean, last round", last && last.ttft_s ? `${last.ttft_s.mean.toFixed(2)} s` : "–"],

@@ -87,6 +87,9 @@ def test_page_shows_the_ab_chart_and_the_firing_alert(server, tmp_path, require_
     assert [svg.attrs["data-arm"] for svg in bytes_charts] == ["dram_only", "tiered"]
     assert all(svg.find("rect", "bar") for svg in bytes_charts)
 
+    cards = {card.attrs["data-arm"]: card.text() for card in dom.find_all() if "card" in card.classes}
+    assert "excess recompute, last round" in cards["dram_only"] and "tokens/request" in cards["dram_only"], cards
+
     rows = [row for row in dom.by_id("alerts").find("tr", "alert") if "firing" in row.classes]
     collapse = [row.text() for row in rows if "KVCacheHitRateCollapse" in row.text()]
     assert collapse and "dram_only" in collapse[0] and ab in collapse[0]
