@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import jsonschema
@@ -42,8 +43,18 @@ def real_stack(require_real):
         require_real(missing is None, missing or "")
 
 
+# vLLM 0.32 with Mooncake 0.3.13: now and then (2 runs of 8 of the collapse example here, the DRAM-only arm, late
+# rounds, the same two blocks each time) a load fails with -704 OBJECT_NOT_FOUND on blocks the lookup has just said
+# exist, and vLLM recomputes and looks them up again without end, until the arm's request timeout ends the run
+# (README, "Why a save or a load failed"). An upstream loop, not kvscope's: such a run is run once more, and said so.
+UPSTREAM_LOAD_LOOP = ("-704", "Recovered from KV load failure", "chat request failed")
+
+
 def _ab_run(scenario: Path, *args: str) -> None:
     result = CliRunner().invoke(app, ["ab", "run", str(scenario), *args])
+    if result.exit_code != 0 and all(sign in result.output for sign in UPSTREAM_LOAD_LOOP):
+        warnings.warn(f"vLLM's -704 load loop ended a run of {scenario.name}; running it once more", stacklevel=2)
+        result = CliRunner().invoke(app, ["ab", "run", str(scenario), *args])
     assert result.exit_code == 0, result.output
 
 
