@@ -43,7 +43,7 @@ def real_stack(require_real):
         require_real(missing is None, missing or "")
 
 
-# vLLM 0.32 with Mooncake 0.3.13: now and then (2 runs of 8 of the collapse example here, the DRAM-only arm, late
+# vLLM 0.32 with Mooncake 0.3.13: now and then (2 runs of 7 of the collapse example here, the DRAM-only arm, late
 # rounds, the same two blocks each time) a load fails with -704 OBJECT_NOT_FOUND on blocks the lookup has just said
 # exist, and vLLM recomputes and looks them up again without end, until the arm's request timeout ends the run
 # (README, "Why a save or a load failed"). An upstream loop, not kvscope's: such a run is run once more, and said so.
