@@ -217,6 +217,7 @@ def check_bundle(bundle: Path) -> CheckReport:
     with Database(":memory:") as scratch:
         _load_bundle(scratch, verdicts, bundle)
         altered = _altered_series(scratch)
+        _lock_down(scratch)
         for verdict in verdicts:
             report.checked += 1
             report.problems += _check_verdict(scratch, verdict, altered)
@@ -255,6 +256,13 @@ def _load_bundle(db: Database, verdicts: list[dict], bundle: Path) -> None:
         db.con,
         f"CREATE TEMP TABLE bundle_chunks AS SELECT {_CHUNK_COLUMNS} FROM read_parquet({_quote(str(bundle / CHUNKS))})",
     )
+
+
+def _lock_down(db: Database) -> None:
+    """From here on the scratch database runs a bundle's SQL, which is whatever the bundle's author wrote: no file,
+    network or extension access (COPY TO, ATTACH, read_csv of /etc/...), and no setting may be changed back."""
+    db.con.execute("SET enable_external_access = false")
+    db.con.execute("SET lock_configuration = true")
 
 
 def _altered_series(db: Database) -> dict[int, str]:

@@ -132,3 +132,23 @@ def test_recording_the_same_verdict_twice_gives_the_same_digest(recording, bundl
     again = record_verdict(recording.db, evaluate(recording.db, spec.criteria[0], runs), runs)
     first = json.loads((bundle / "evidence.json").read_text())["verdicts"][0]
     assert again.digest == first["digest"] and again.verdict_id == 3
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "COPY (SELECT true AS passed) TO '{out}'",
+        "ATTACH '{out}' AS planted; SELECT true AS passed",
+        "SELECT count(*) > 0 AS passed FROM read_csv('/etc/hostname')",
+        "SET enable_external_access = true; COPY (SELECT 1) TO '{out}'",
+    ],
+    ids=["copy-to", "attach", "read-file", "unlock"],
+)
+def test_a_bundles_sql_cannot_touch_the_file_system(bundle, tmp_path, sql):
+    """`evidence check` runs SQL a bundle's author wrote: in a database without file access, whose settings are
+    locked. The forged SQL fails to run and is reported; nothing is written or read."""
+    out = tmp_path / "planted"
+    rewrite_manifest(bundle, lambda v: v["document"].__setitem__("sql", sql.format(out=out)))
+    problems = check_bundle(bundle).problems
+    assert any("verdict 1 (save): its SQL no longer runs on the bundle" in problem for problem in problems), problems
+    assert not out.exists() and not out.with_suffix(".wal").exists()
