@@ -39,7 +39,8 @@ class CriteriaError(VerifierError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # a tolerance of .inf or .nan would pass everything or nothing (and NaN compares false): numbers are finite
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Metric(_Strict):
@@ -492,6 +493,12 @@ class CriteriaFile(_Strict):
             raise CriteriaError(
                 f"the criteria compare {len(self.runs)} run(s) ({', '.join(self.runs)}): "
                 f"pass --run {len(self.runs)} time(s), got {len(run_names)}"
+            )
+        repeated = sorted({name for name in run_names if run_names.count(name) > 1})
+        if repeated:  # a run compared with itself passes every parity
+            roles = [role for role, name in zip(self.runs, run_names, strict=True) if name == repeated[0]]
+            raise CriteriaError(
+                f"run {repeated[0]!r} is bound to roles {' and '.join(roles)}: each role needs a run of its own"
             )
         return {role: db.run(name) for role, name in zip(self.runs, run_names, strict=True)}
 

@@ -212,15 +212,25 @@ def check_bundle(bundle: Path) -> CheckReport:
     try:
         verdicts = json.loads((bundle / MANIFEST).read_text())["verdicts"]
     except (ValueError, KeyError, TypeError) as error:
-        raise VerifierError(f"{bundle / MANIFEST}: not a kvscope evidence file: {error}") from None
+        raise VerifierError(f"{bundle / MANIFEST}: not a kvscope evidence file: {error!r}") from None
+    if not isinstance(verdicts, list) or not verdicts:
+        raise VerifierError(f"{bundle / MANIFEST}: no verdicts to check")
     report = CheckReport()
     with Database(":memory:") as scratch:
-        _load_bundle(scratch, verdicts, bundle)
-        altered = _altered_series(scratch)
+        try:
+            _load_bundle(scratch, verdicts, bundle)
+            altered = _altered_series(scratch)
+        except (KeyError, TypeError, AttributeError, ValueError) as error:  # a document without a field it needs
+            raise VerifierError(f"{bundle / MANIFEST}: a verdict's document is incomplete: {error!r}") from None
+        except duckdb.Error as error:  # samples.parquet or chunks.parquet that DuckDB cannot read as such
+            raise VerifierError(f"{bundle}: its samples or chunks cannot be read: {error}") from None
         _lock_down(scratch)
         for verdict in verdicts:
             report.checked += 1
-            report.problems += _check_verdict(scratch, verdict, altered)
+            try:
+                report.problems += _check_verdict(scratch, verdict, altered)
+            except (KeyError, TypeError, AttributeError) as error:
+                raise VerifierError(f"{bundle / MANIFEST}: verdict {report.checked} is incomplete: {error!r}") from None
     return report
 
 
@@ -313,6 +323,8 @@ def _check_verdict(db: Database, verdict: dict, altered: dict[int, str]) -> list
         rows = [plain_row(dict(zip(columns, row, strict=True))) for row in result.fetchall()]
     except duckdb.Error as error:
         return [*problems, f"{name}: its SQL no longer runs on the bundle: {error}"]
+    if "passed" not in columns:
+        return [*problems, f"{name}: its SQL returns no passed column, so it judges nothing"]
     if not _same_rows(rows, document["observed"]):
         problems.append(f"{name}: re-running its SQL gives different rows than the evidence records")
     passed = bool(rows) and all(row["passed"] for row in rows)

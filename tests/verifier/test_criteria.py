@@ -190,6 +190,9 @@ def test_binding_checks_the_number_of_runs_and_their_names(recording):
         spec.bind(recording.db, ["a"])
     with pytest.raises(VerifierError, match=r"no run named 'nope' \(runs recorded: a\)"):
         spec.bind(recording.db, ["a", "nope"])
+    # one run in both roles would pass every parity with itself
+    with pytest.raises(CriteriaError, match=r"run 'a' is bound to roles x and y: each role needs a run of its own"):
+        spec.bind(recording.db, ["a", "a"])
 
 
 @pytest.mark.parametrize(
@@ -199,6 +202,14 @@ def test_binding_checks_the_number_of_runs_and_their_names(recording):
         ("runs: [a]\ncriteria:\n  - {name: x, kind: zero_delta, metric: m, run: b}\n", "names run 'b', not one of"),
         ("runs: [a]\ncriteria:\n  - {name: x, kind: parity, metric: m, runs: [a, a]}\n", "tolerance: Field required"),
         ("runs: [a]\ncriteria: []\n", "criteria: List should have at least 1 item"),
+        (
+            "runs: [a, b]\ncriteria:\n  - {name: x, kind: parity, metric: m, runs: [a, b], tolerance: .inf}\n",
+            "criteria.0.parity.tolerance: Input should be a finite number",
+        ),
+        (
+            "runs: [a, b]\ncriteria:\n  - {name: x, kind: parity, metric: m, runs: [a, b], tolerance: .nan}\n",
+            "criteria.0.parity.tolerance: Input should be a finite number",
+        ),
         ("runs: [a\n", "not valid YAML"),
     ],
 )

@@ -152,3 +152,26 @@ def test_a_bundles_sql_cannot_touch_the_file_system(bundle, tmp_path, sql):
     problems = check_bundle(bundle).problems
     assert any("verdict 1 (save): its SQL no longer runs on the bundle" in problem for problem in problems), problems
     assert not out.exists() and not out.with_suffix(".wal").exists()
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda b: (b / "evidence.json").write_text('{"verdicts": []}'), "no verdicts to check"),
+        (lambda b: (b / "evidence.json").write_text('{"verdicts": [{"digest": "x"}]}'), "document is incomplete"),
+        (lambda b: (b / "samples.parquet").write_bytes(b"PAR1 not a parquet file"), "cannot be read"),
+        (lambda b: rewrite_manifest(b, lambda v: v["document"].pop("series")), "document is incomplete"),
+    ],
+    ids=["no-verdicts", "no-document", "garbage-parquet", "no-series"],
+)
+def test_a_malformed_bundle_is_an_input_error_that_says_what_is_wrong(bundle, damage, message):
+    damage(bundle)
+    with pytest.raises(VerifierError, match=message):
+        check_bundle(bundle)
+    result = runner.invoke(app, ["evidence", "check", str(bundle)])
+    assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+
+
+def test_sql_without_a_passed_column_judges_nothing_and_is_reported(bundle):
+    rewrite_manifest(bundle, lambda v: v["document"].__setitem__("sql", "SELECT 1 AS one"))
+    assert "verdict 1 (save): its SQL returns no passed column, so it judges nothing" in check_bundle(bundle).problems
