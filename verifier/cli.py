@@ -137,7 +137,9 @@ def evidence_export(
 
 
 @evidence_app.command("check")
-def evidence_check(bundle: Annotated[Path, typer.Argument(help="a bundle directory from `evidence export`")]) -> None:
+def evidence_check(
+    bundle: Annotated[Path, typer.Argument(help="a bundle directory from `evidence export`, or the service's zip")],
+) -> None:
     """Recompute every digest and verdict from the bundle alone; exit 1 on any mismatch."""
     from kvscope.verifier.db import VerifierError
     from kvscope.verifier.evidence import check_bundle

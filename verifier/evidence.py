@@ -21,7 +21,9 @@ import hashlib
 import json
 import math
 import struct
+import tempfile
 import time
+import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -191,6 +193,7 @@ def export_bundle(db: Database, verdict_ids: list[int], out: Path) -> Path:
 
 
 MANIFEST, SAMPLES, CHUNKS = "evidence.json", "samples.parquet", "chunks.parquet"
+MAX_BUNDLE_MEMBER_BYTES = 16 << 30  # what one file of a zipped bundle may unpack to
 _CHUNK_COLUMNS = "series_id, first_ts, last_ts, samples, sha256"
 
 
@@ -205,7 +208,11 @@ class CheckReport:
 
 
 def check_bundle(bundle: Path) -> CheckReport:
-    """Recompute every chunk hash, digest and verdict of a bundle from its own files; list what does not match."""
+    """Recompute every chunk hash, digest and verdict of a bundle from its own files; list what does not match.
+    `bundle` is a directory (`evidence export`) or the zip the service serves."""
+    if bundle.is_file():
+        with tempfile.TemporaryDirectory(prefix="kvscope-bundle-") as folder:
+            return check_bundle(_unzipped(bundle, Path(folder)))
     for name in (MANIFEST, SAMPLES, CHUNKS):
         if not (bundle / name).is_file():
             raise VerifierError(f"{bundle}: not an evidence bundle: {name} is missing")
@@ -266,6 +273,24 @@ def _load_bundle(db: Database, verdicts: list[dict], bundle: Path) -> None:
         db.con,
         f"CREATE TEMP TABLE bundle_chunks AS SELECT {_CHUNK_COLUMNS} FROM read_parquet({_quote(str(bundle / CHUNKS))})",
     )
+
+
+def _unzipped(archive: Path, folder: Path) -> Path:
+    """The bundle's three files out of a zip into `folder`, by their own names only (nothing else of the archive is
+    written, so no member path reaches the file system) and within a size bound."""
+    try:
+        with zipfile.ZipFile(archive) as zipped:
+            members = {info.filename: info for info in zipped.infolist()}
+            for name in (MANIFEST, SAMPLES, CHUNKS):
+                info = members.get(name)
+                if info is None:
+                    raise VerifierError(f"{archive}: not an evidence bundle: {name} is missing from the zip")
+                if info.file_size > MAX_BUNDLE_MEMBER_BYTES:
+                    raise VerifierError(f"{archive}: {name} unpacks to {format_bytes(info.file_size)}: too large")
+                (folder / name).write_bytes(zipped.read(info))
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, OSError) as error:
+        raise VerifierError(f"{archive}: not a readable zip of an evidence bundle: {error}") from None
+    return folder
 
 
 def _lock_down(db: Database) -> None:

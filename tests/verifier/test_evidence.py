@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import duckdb
 import pytest
@@ -169,9 +170,29 @@ def test_a_malformed_bundle_is_an_input_error_that_says_what_is_wrong(bundle, da
     with pytest.raises(VerifierError, match=message):
         check_bundle(bundle)
     result = runner.invoke(app, ["evidence", "check", str(bundle)])
-    assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+    assert result.exit_code == 2 and message in " ".join(result.output.split()) and "Traceback" not in result.output
 
 
 def test_sql_without_a_passed_column_judges_nothing_and_is_reported(bundle):
     rewrite_manifest(bundle, lambda v: v["document"].__setitem__("sql", "SELECT 1 AS one"))
     assert "verdict 1 (save): its SQL returns no passed column, so it judges nothing" in check_bundle(bundle).problems
+
+
+def test_the_zip_the_service_serves_checks_out_and_a_zip_without_the_bundle_is_refused(bundle, tmp_path):
+    import shutil
+    import zipfile
+
+    archive = Path(shutil.make_archive(str(tmp_path / "served"), "zip", root_dir=bundle))  # as the service zips it
+    report = check_bundle(archive)
+    assert (report.ok, report.checked) == (True, 2)
+    result = runner.invoke(app, ["evidence", "check", str(archive)])
+    assert result.exit_code == 0 and "2 verdict(s) recomputed" in result.output
+    hostile = tmp_path / "hostile.zip"
+    with zipfile.ZipFile(hostile, "w") as zipped:
+        zipped.writestr("../../evidence.json", "{}")  # a member path out of the folder is never written
+    result = runner.invoke(app, ["evidence", "check", str(hostile)])
+    assert result.exit_code == 2 and "evidence.json is missing from the zip" in " ".join(result.output.split())
+    assert not (tmp_path.parent / "evidence.json").exists()
+    (tmp_path / "garbage.zip").write_bytes(b"PK not a zip")
+    result = runner.invoke(app, ["evidence", "check", str(tmp_path / "garbage.zip")])
+    assert result.exit_code == 2 and "not a readable zip" in " ".join(result.output.split())
