@@ -267,12 +267,12 @@ def run_ab(
     failures: list[BaseException] = []
     serialized = _Serialized(listener) if listener else None
 
-    replayed = {f"{name}_sim" for name in scenario.arms if mirror_clock(scenario, f"{name}_sim", []) is not None}
+    replayed = {name for name in arms if mirror_clock(scenario, name, []) is not None}  # mirrors on a real clock
 
     def run(name: str) -> None:
         try:
             results[name] = run_arm(scenario, name, the_plan, serialized, workdir, publish)
-            if (mirror := f"{name}_sim") in replayed and mirror in arms:
+            if (mirror := f"{name}_sim") in replayed:
                 clock = mirror_clock(scenario, mirror, results[name]["rounds"])
                 results[mirror] = run_arm(scenario, mirror, the_plan, serialized, workdir, publish, clock)
         except BaseException as error:

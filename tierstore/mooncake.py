@@ -342,11 +342,10 @@ class MooncakeStore:
 
     def __init__(self, arm: spec.ArmSpec, block_bytes: int, system: str) -> None:
         self.block_bytes = block_bytes
-        self.interval = arm.mooncake_settings.request_interval
         self.media = [tier.name for tier in arm.tiers + arm.attached]
         self.codes: Counter[str] = Counter()
         self.put_retries = self.not_admitted = 0
-        self.pacer = Pacer(self.interval)
+        self.pacer = Pacer(arm.mooncake_settings.request_interval)
         self.processes = MooncakeArm(arm, block_bytes, system)
         self._loop = asyncio.new_event_loop()
         self._scraper: Scraper | None = None

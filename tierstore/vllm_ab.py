@@ -183,10 +183,9 @@ class VllmArm:
         for request in requests:
             self.pacer.wait()
             usage = self._chat(request.session, index + 1, request.prompt_tokens)
-            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
             reported["prompt"] += usage["prompt_tokens"]
-            reported["cached"] += cached
-            request_hits.append(cached)
+            request_hits.append((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        reported["cached"] = sum(request_hits)
         self.engine.counters.rounds += 1
         self.engine.counters.bound_hit_tokens += planned.ideal_hit_tokens
         after = self._snapshot(self.store.counters())

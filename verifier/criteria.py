@@ -73,7 +73,7 @@ class _Criterion(_Strict):
     @classmethod
     def _short_metrics(cls, data: object) -> object:
         if isinstance(data, dict):
-            return {k: _metric(v) if k in _METRIC_FIELDS else v for k, v in data.items()}
+            return {k: _short(v) if k in _METRIC_FIELDS else v for k, v in data.items()}
         return data
 
     @abstractmethod
@@ -101,7 +101,12 @@ class _Criterion(_Strict):
         return None
 
 
-_METRIC_FIELDS = {"metric", "other", "hits", "queries", "bound", "rounds", "consistent_with", "total"}
+_METRIC_FIELDS = {"metric", "other", "hits", "queries", "bound", "rounds", "consistent_with", "total", "parts"}
+
+
+def _short(value: object) -> object:
+    """A metric field's value, or each of a list of them (`parts`), with the short form expanded."""
+    return [_metric(item) for item in value] if isinstance(value, list) else _metric(value)
 
 
 class Parity(_Criterion):
@@ -354,13 +359,6 @@ class Balance(_Criterion):
     total: MetricField
     tolerance: float = Field(0.0, ge=0, description="the absolute difference allowed")
     rounds: MetricField = Metric(name="tierstore_engine_rounds_total", raw=True)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _short_parts(cls, data: object) -> object:
-        if isinstance(data, dict) and isinstance(data.get("parts"), list):
-            return {**data, "parts": [_metric(part) for part in data["parts"]]}
-        return data
 
     def roles(self) -> list[str]:
         return self.runs
