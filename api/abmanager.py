@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 from kvscope.api.alerts import PREDICTED, AlertBook, ArmWatch, evaluate_round
-from kvscope.tierstore.ab import ArmRun, make_arm, mirror_clock, observed_collapse_round
+from kvscope.tierstore.ab import ArmRun, make_arm, observed_collapse_round
 from kvscope.tierstore.live import ENGINES
 from kvscope.tierstore.planner import Plan, plan
 from kvscope.tierstore.scenario import ArmSpec, Scenario
@@ -176,10 +176,8 @@ class ABManager:
         try:
             recorder = ABRecorder(db, test.scenario, prefix=f"{test.id}/", store_names=lambda arm: f"{test.id}/{arm}")
             workdir = self.workdir / test.id
-            for name in test.scenario.runnable_arms:  # a mirror after its real arm, whose request times it reads
-                real = arms.get(name.removesuffix("_sim"))
-                clock = mirror_clock(test.scenario, name, real.rows) if real else None
-                arms[name] = make_arm(test.scenario, name, the_plan, workdir, f"{test.id}/{name}", clock)
+            for name in test.scenario.runnable_arms:
+                arms[name] = make_arm(test.scenario, name, the_plan, workdir, published_as=f"{test.id}/{name}")
                 recorder.arm_started(arms[name])
             self._predicted(test, the_plan, firing=True)
             self._serve(test, arms, recorder)

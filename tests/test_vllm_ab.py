@@ -74,24 +74,19 @@ def _conserved_and_agreeing(arm: dict) -> None:
 
 
 def _mirrors_agree(data: dict, name: str) -> None:
-    """The embedded store's model of the arm (vLLM's blocks freed tail first, then Mooncake's policy, on the real
-    arm's request times) is within 0.05 of the real arm in every round before a collapse, collapses in the same
-    round, and after it both stay collapsed (under half the ideal, as the hit-rate-collapse alert has it). The round
-    after the collapse is where the real arm does not repeat itself: round 8 of the example measured .118, .059,
-    .162, .037, .022, .199 and .309 in seven runs, the model .162 (with the real request times as with the nominal
-    ones)."""
+    """The embedded store's model of the arm (vLLM's blocks freed tail first, then Mooncake's policy) is within 0.05
+    of the real arm in every round: up to and with the collapse round, of the model's own curve; after it, where
+    which blocks of a chain survive is the master's random choice (the shard it starts a batch from), of the range
+    the model gives on its seeds (`hit_ratio_range`), and it collapses in the same round."""
     real, model = data["arms"][name]["rounds"], data["arms"][f"{name}_sim"]["rounds"]
     assert [r["query_tokens"] for r in model] == [r["query_tokens"] for r in real]
     collapse = data["arms"][name]["observed_collapse_round"]
-    curves = f"real {[round(r['hit_ratio'], 3) for r in real]}, model {[round(r['hit_ratio'], 3) for r in model]}"
+    ranges = [[round(bound, 3) for bound in r["hit_ratio_range"]] for r in model]
+    curves = f"real {[round(r['hit_ratio'], 3) for r in real]}, model {ranges}"
     assert data["arms"][f"{name}_sim"]["observed_collapse_round"] == collapse, curves
     for a, b in zip(real, model, strict=True):
-        if collapse and a["round"] > collapse:
-            assert max(a["hit_ratio"], b["hit_ratio"]) < a["ideal_hit_ratio"] / 2, (
-                f"{name} round {a['round']}: {curves}"
-            )
-        else:
-            assert abs(a["hit_ratio"] - b["hit_ratio"]) <= 0.05, f"{name} round {a['round']}: {curves}"
+        low, high = b["hit_ratio_range"] if collapse and a["round"] > collapse else (b["hit_ratio"], b["hit_ratio"])
+        assert low - 0.05 <= a["hit_ratio"] <= high + 0.05, f"{name} round {a['round']}: {curves}"
 
 
 def test_real_vllm_and_mooncake_collapse_where_the_planner_says(real_stack, tmp_path):

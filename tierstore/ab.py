@@ -23,7 +23,7 @@ from kvscope.tierstore import scenario as spec
 from kvscope.tierstore.backends import make_backend
 from kvscope.tierstore.engine import EngineEmulator, Served
 from kvscope.tierstore.live import ENGINES
-from kvscope.tierstore.mooncake_tier import MooncakeTier, RequestClock
+from kvscope.tierstore.mooncake_tier import MooncakeTier
 from kvscope.tierstore.planner import Plan, RoundPlan, plan
 from kvscope.tierstore.policies import MooncakePolicy, make_policy
 from kvscope.tierstore.store import KVStore, NoStore, TieredStore
@@ -47,11 +47,10 @@ def build_store(
     arm_name: str,
     workdir: Path | None,
     system: str | None = None,
-    clock: RequestClock | None = None,
+    seed: int = 0,
 ) -> KVStore:
-    """An arm's store. Embedded: file backends without a path get `<workdir>/<arm>-<tier>.blocks`, a `mooncake`
-    policy tier runs on `clock` (default: the arm's request pacing). Mooncake: the real processes are started (and
-    labelled `system` in their metrics, default the arm's name)."""
+    """An arm's store. Embedded: file backends without a path get `<workdir>/<arm>-<tier>.blocks`. Mooncake: the
+    real processes are started (and labelled `system` in their metrics, default the arm's name)."""
     if arm.store == "mooncake":
         from kvscope.tierstore.mooncake import MooncakeStore
 
@@ -68,8 +67,8 @@ def build_store(
         backend = make_backend(tier.backend, tier.capacity, block_bytes, path, tier.o_direct)
         if tier.policy == "mooncake":
             settings = arm.mooncake_settings
-            policy = MooncakePolicy(settings.lease_ttl, settings.eviction_high_watermark, settings.eviction_ratio)
-            return MooncakeTier(tier.name, tier.capacity, policy, clock or RequestClock(settings.request_interval),
+            policy = MooncakePolicy(settings.lease_ttl, settings.eviction_high_watermark, settings.eviction_ratio, seed)
+            return MooncakeTier(tier.name, tier.capacity, policy, settings.request_interval,
                                 settings.put_retry_budget > 0, backend, tier.read_bandwidth)  # fmt: skip
         return Tier(tier.name, tier.capacity, make_policy(tier.policy), backend, tier.read_bandwidth)
 
@@ -114,11 +113,11 @@ class _RoundTally:
 class ArmRun:
     """One arm being served a round at a time: `run_arm` drives it to the end, the service interleaves arms.
 
-    `name` is one of the scenario's `runnable_arms` (a mirrored arm's simulation is `<name>_sim`, its Mooncake
-    segment on `clock`: the real arm's request times, see `mirror_clock`). With
+    `name` is one of the scenario's `runnable_arms` (a mirrored arm's simulation is `<name>_sim`). With
     `published_as`, the arm's engine is published under that name for the `tierstore` exporter source, and a real
     store's metrics carry it as their `system`. `observed` holds the exporter states of the real store's latest
-    scrape (at the start, after each round, at the end), from which the arm's tier figures were taken.
+    scrape (at the start, after each round, at the end), from which the arm's tier figures were taken. A Mooncake
+    segment's model draws from `seed`; `hit_ratio_ranges` (a mirror's, from `mirror_ranges`) go into its rows.
     """
 
     def __init__(
@@ -128,13 +127,15 @@ class ArmRun:
         the_plan: Plan,
         workdir: Path | None = None,
         published_as: str | None = None,
-        clock: RequestClock | None = None,
+        seed: int = 0,
+        hit_ratio_ranges: Sequence[tuple[float, float]] | None = None,
     ) -> None:
         started = time.monotonic()
         self.scenario, self.name, self.plan = scenario, name, the_plan
         self.spec = scenario.runnable_arms[name]
         self.system = published_as or f"{scenario.name}/{name}"
-        self.store = build_store(self.spec, scenario.block_bytes, name, workdir, self.system, clock)
+        self.store = build_store(self.spec, scenario.block_bytes, name, workdir, self.system, seed)
+        self._ranges = hit_ratio_ranges
         self.engine = build_engine(scenario, self.store)
         if published_as:
             ENGINES.publish(published_as, self.engine)
@@ -163,6 +164,8 @@ class ArmRun:
         row = _round_row(index + 1, tally, planned, self._last, after)
         if self.scenario.engine.kind == "vllm":  # a mirror: its requests side by side with the real engine's
             row["request_hit_tokens"] = tally.request_hit_tokens
+        if self._ranges:
+            row["hit_ratio_range"] = list(self._ranges[index])
         self._last = after
         self.rows.append(row)
         self.seconds["rounds"] += time.monotonic() - started
@@ -200,7 +203,6 @@ def make_arm(
     the_plan: Plan,
     workdir: Path | None = None,
     published_as: str | None = None,
-    clock: RequestClock | None = None,
 ):
     """The arm's runner: a real vLLM engine's (kvscope.tierstore.vllm_ab) for an arm of an `engine.kind: vllm`
     scenario, else the engine emulator's (ArmRun, also for the mirrors of vLLM arms)."""
@@ -208,16 +210,33 @@ def make_arm(
         from kvscope.tierstore.vllm_ab import VllmArm
 
         return VllmArm(scenario, name, the_plan, workdir, published_as)
-    return ArmRun(scenario, name, the_plan, workdir, published_as, clock)
+    return ArmRun(
+        scenario, name, the_plan, workdir, published_as, hit_ratio_ranges=mirror_ranges(scenario, name, the_plan)
+    )
 
 
-def mirror_clock(scenario: spec.Scenario, name: str, real_rows: Sequence[dict]) -> RequestClock | None:
-    """The clock of mirror `name`: the request times its real arm's rows record (a vLLM arm's), read as they
-    come, so the model's leases run out when the real store's did; None for any other arm."""
-    real = name.removesuffix("_sim")
-    if name in scenario.arms or real not in scenario.arms or scenario.engine.kind != "vllm":
+MIRROR_SEEDS = 16
+"""A real Mooncake master visits a batch's keys shard by shard from a random shard (kvscope.tierstore.policies.
+MooncakePolicy), so which blocks of a chain outlive an eviction is random, and a real arm's hit ratio after a
+collapse differs from run to run. The model draws the same choices from a seed: a mirror runs on this many."""
+
+
+def mirror_ranges(scenario: spec.Scenario, name: str, the_plan: Plan) -> list[tuple[float, float]] | None:
+    """Per round, the lowest and the highest hit ratio of mirror `name` on MIRROR_SEEDS seeds (its rows are the
+    first seed's); None for an arm that is no mirror of a Mooncake segment."""
+    arm = scenario.runnable_arms[name]
+    if name in scenario.arms or not arm.tiers or arm.tiers[0].policy != "mooncake":
         return None
-    return RequestClock(scenario.arms[real].mooncake_settings.request_interval, real_rows)
+    curves = []
+    for seed in range(MIRROR_SEEDS):
+        run = ArmRun(scenario, name, the_plan, seed=seed)
+        try:
+            while run.step() is not None:
+                pass
+        finally:
+            run.close()
+        curves.append([row["hit_ratio"] for row in run.rows])
+    return [(min(ratios), max(ratios)) for ratios in zip(*curves, strict=True)]
 
 
 def run_arm(
@@ -227,14 +246,13 @@ def run_arm(
     listener: ArmListener | None = None,
     workdir: Path | None = None,
     publish: bool = False,
-    clock: RequestClock | None = None,
 ) -> dict:
     """Serve the scenario's requests on arm `name`; returns the arm's object of the contract.
 
     With `publish`, the arm's engine is published as "<scenario>/<arm>" for the `tierstore` exporter source, before
     `listener.arm_started` (a recorder's round-0 scrape).
     """
-    arm = make_arm(scenario, name, the_plan, workdir, f"{scenario.name}/{name}" if publish else None, clock)
+    arm = make_arm(scenario, name, the_plan, workdir, f"{scenario.name}/{name}" if publish else None)
     try:
         if listener:
             listener.arm_started(arm)
@@ -258,8 +276,7 @@ def run_ab(
     """Every arm of the scenario (mirrors included), in the contract's shape.
 
     Embedded arms run one after the other; real-store arms run at the same time, each in a thread of its own that
-    starts and stops its processes (they spend their time waiting on the store and the request pacing). The mirror
-    of a vLLM arm runs after it, in its thread, on the request times it recorded.
+    starts and stops its processes (they spend their time waiting on the store and the request pacing).
     """
     the_plan = plan(scenario)
     arms = scenario.runnable_arms
@@ -267,14 +284,9 @@ def run_ab(
     failures: list[BaseException] = []
     serialized = _Serialized(listener) if listener else None
 
-    replayed = {name for name in arms if mirror_clock(scenario, name, []) is not None}  # mirrors on a real clock
-
     def run(name: str) -> None:
         try:
             results[name] = run_arm(scenario, name, the_plan, serialized, workdir, publish)
-            if (mirror := f"{name}_sim") in replayed:
-                clock = mirror_clock(scenario, mirror, results[name]["rounds"])
-                results[mirror] = run_arm(scenario, mirror, the_plan, serialized, workdir, publish, clock)
         except BaseException as error:
             failures.append(error)
 
@@ -284,7 +296,7 @@ def run_ab(
         thread.start()
     try:
         for name in arms:
-            if not scenario.served_apart(name) and name not in replayed:
+            if not scenario.served_apart(name):
                 results[name] = run_arm(scenario, name, the_plan, serialized, workdir, publish)
     finally:
         for thread in threads:

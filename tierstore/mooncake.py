@@ -305,7 +305,7 @@ class Pacer:
     """Requests at least `interval` seconds apart, start to start: the lease a request's lookups grant has run out
     when the next ones evict. `late_s` is the most a request started after its slot (a server slower than the
     pacing: the run's timing then is the server's, not the scenario's). `starts` are the requests' start times, in
-    seconds from the first one's: a mirror of the arm replays them (kvscope.tierstore.mooncake_tier.RequestClock)."""
+    seconds from the first one's: evidence of when the real arm sent what (the rows' `request_start_s`)."""
 
     def __init__(self, interval: float) -> None:
         self.interval = interval

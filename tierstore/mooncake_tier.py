@@ -1,12 +1,12 @@
 """The embedded model of a Mooncake segment: a tier whose evictions are Mooncake's, on a clock of the requests.
 
-A real Mooncake store decides what to evict by time: the leases its lookups grant and the eviction thread's batches
-(kvscope.tierstore.policies.MooncakePolicy says what each does, after Mooncake's master). This tier runs that policy
-on a clock of the requests (`tick`, at each prefix read: a RequestClock), where a paced arm's requests are
-`request_interval` apart, or, for the mirror of a real arm, when the real arm sent them; and it follows the client's
-path to a put: an existence check that leases what it finds (`probe`), a batch allocation that refuses what does not
-fit, the eviction thread after it; a client that retries a refused put (kvscope's own Mooncake client, within its
-budget) retries once the thread has evicted, one that does not (vLLM's connector) loses those blocks (`refused`).
+A real Mooncake store decides what to evict by time: the leases its lookups grant and the eviction thread's
+batches (kvscope.tierstore.policies.MooncakePolicy says what each does, after Mooncake's master). This tier runs
+that policy on a simulated clock that advances `request_interval` a request (`tick`, at each prefix read), as a
+paced real arm's requests do, and follows the client's path to a put: an existence check that leases what it finds
+(`probe`), a batch allocation that refuses what does not fit, the eviction thread after it; a client that retries a
+refused put (kvscope's own Mooncake client, within its budget) retries once the thread has evicted, one that does
+not (vLLM's connector) loses those blocks (`refused`).
 
 What it leaves out: the offload of an evicted block to the SSD tier is immediate (Mooncake frees the memory once the
 offload heartbeat wrote it), and soft pins, replicas and several segments do not exist here.
@@ -21,43 +21,19 @@ from kvscope.tierstore.policies import Key, MooncakePolicy
 from kvscope.tierstore.tier import Evicted, PayloadSource, Tier
 
 
-class RequestClock:
-    """When an arm's request number i starts, in seconds from its first request's start: `i x interval` for a
-    paced arm that keeps its pace; for the mirror of a real arm, the start times the real arm's rounds recorded
-    (`request_start_s`, read from its rows as they come: a real server slower than the pacing sends late, and the
-    leases of a real store run out by the time the requests really took). Past what the rows hold, the pacing
-    continues from the last recorded start."""
-
-    def __init__(self, interval: float, rows: Sequence[dict] = ()) -> None:
-        self.interval = interval
-        self._rows = rows
-        self._starts: list[float] = []
-        self._rows_read = 0
-
-    def __call__(self, index: int) -> float:
-        if self._rows_read < len(self._rows):
-            for row in self._rows[self._rows_read :]:
-                self._starts += row.get("request_start_s", ())
-            self._rows_read = len(self._rows)
-        if index < len(self._starts):
-            return self._starts[index]
-        last = len(self._starts) - 1
-        return (self._starts[last] if self._starts else 0.0) + (index - max(last, 0)) * self.interval
-
-
 class MooncakeTier(Tier):
     def __init__(
         self,
         name: str,
         capacity: int,
         policy: MooncakePolicy,
-        clock: RequestClock,
+        request_interval: float,
         retries_refused: bool,
         backend: Backend | None = None,
         read_bandwidth: float | None = None,
     ) -> None:
         super().__init__(name, capacity, policy, backend, read_bandwidth)
-        self.clock = clock
+        self.request_interval = request_interval
         self.retries_refused = retries_refused
         self.refused = 0  # blocks whose put was refused for good
         self._flagged = False  # an allocation failed: the eviction thread evicts even below the watermark
@@ -69,16 +45,14 @@ class MooncakeTier(Tier):
 
     def tick(self, keep_evicted: bool = False) -> list[Evicted]:
         """A request starts: the clock moves to its slot, and the eviction thread has run meanwhile."""
-        self.mooncake.now = self.clock(self._requests)
+        self.mooncake.now = self._requests * self.request_interval
         self._requests += 1
         return self._evict(keep_evicted)
 
     def probe(self, keys: Sequence[Key]) -> None:
-        """The client's existence check over `keys`: every present block is leased."""
-        index, grant = self._index, self.mooncake.grant
-        for key in keys:
-            if key in index:
-                grant(key)
+        """The client's existence check over `keys`: one batch, which leases every present block."""
+        index = self._index
+        self.mooncake.grant_batch([key for key in keys if key in index])
 
     def write(
         self,

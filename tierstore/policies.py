@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import random
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from itertools import count, repeat
@@ -96,9 +97,12 @@ class TailFirstPolicy(LruPolicy):
 class MooncakePolicy(EvictionPolicy):
     """Mooncake's master, as mooncake-store/src/master_service.cpp has it (the store client's segment, the DRAM tier).
 
-    - exist and get (BatchExistKey, GetReplicaList) grant every object they find a read lease:
-      `lease_timeout = max(lease_timeout, now + lease_ttl)` (ObjectMetadata::GrantReadLease); a batch grants its
-      keys in order, so a chain's head is a little older than its tail;
+    - exist and get (BatchExistKey, BatchGetReplicaList) grant every object they find a read lease:
+      `lease_timeout = max(lease_timeout, now + lease_ttl)` (ObjectMetadata::GrantReadLease). A batch visits its
+      keys shard by shard (a key's shard is its hash modulo 1024, kNumShards), from a random shard downwards, and
+      in batch order within a shard: the nanoseconds between grants order a chain's blocks at random, so an
+      eviction that cuts through a chain leaves it holes, not a shorter tail (`grant_batch`, its shards and its
+      starts drawn from `seed`);
     - a put of a new object ends with a lease of 0 (PutEnd: `lease_timeout = now`); a put of a present key is a no-op
       (the client's existence check skips it, and leases it);
     - nothing is evicted on the way to a put: an allocation that does not fit is refused (-200, NO_AVAILABLE_HANDLE)
@@ -112,19 +116,39 @@ class MooncakePolicy(EvictionPolicy):
 
     name = "mooncake"
 
-    def __init__(self, lease_ttl: float = 0.05, high_watermark: float = 0.9, eviction_ratio: float = 0.05) -> None:
+    def __init__(
+        self,
+        lease_ttl: float = 0.05,
+        high_watermark: float = 0.9,
+        eviction_ratio: float = 0.05,
+        seed: int = 0,
+        shards: int = 1024,  # kNumShards, master_service.h (1: a batch grants in its own order)
+    ) -> None:
         super().__init__()
         self.lease_ttl, self.high_watermark, self.eviction_ratio = lease_ttl, high_watermark, eviction_ratio
+        self.shards = shards
         self.now = 0.0
         self._lease: dict[Key, tuple[float, int]] = {}  # lease timeout, then the grant's order (its nanoseconds)
         self._grants = count()
+        self._random = random.Random(seed)
+        self._salt = self._random.getrandbits(64)  # a key's shard, as a real run's keys hash to shards at random
         self.refresh = self.grant
+
+    def shard(self, key: Key) -> int:
+        """The metadata shard of `key` (a stable function of the key and the seed: keys are ints or tuples)."""
+        return hash((self._salt, key)) % self.shards
 
     def grant(self, key: Key) -> None:
         """A read lease for a present block (exist or get)."""
         timeout = self.now + self.lease_ttl
         if self._lease[key][0] < timeout:
             self._lease[key] = (timeout, next(self._grants))
+
+    def grant_batch(self, keys: Sequence[Key]) -> None:
+        """One batch call's leases over present `keys`, in the order the master visits them."""
+        start, shards = self._random.randrange(self.shards), self.shards
+        for key in sorted(keys, key=lambda key: (start - self.shard(key)) % shards):
+            self.grant(key)
 
     def admit(self, keys: Sequence[Key], nbytes: int) -> None:
         super().admit(keys, nbytes)

@@ -11,8 +11,8 @@ from kvscope.units import format_bytes
 
 
 def rounds_table(result: dict) -> Table:
-    """Per round, for each arm: hit ratio against the ideal, tokens recomputed per request beyond the ideal's,
-    bytes written per tier, evictions."""
+    """Per round, for each arm: hit ratio against the ideal (a mirror's with the range of its seeds where they
+    differ), tokens recomputed per request beyond the ideal's, bytes written per tier, evictions."""
     arms = result["arms"]
     table = Table(title=f"{result['scenario']['name']}: hit ratio per round (ideal in the first column)")
     table.add_column("round", justify="right")
@@ -31,6 +31,9 @@ def rounds_table(result: dict) -> Table:
             onset = arm["observed_collapse_round"]
             collapsed = onset is not None and arm_row["round"] >= onset
             ratio = f"{arm_row['hit_ratio']:.3f}"
+            low, high = arm_row.get("hit_ratio_range", (arm_row["hit_ratio"],) * 2)
+            if round(low, 3) != round(high, 3):
+                ratio += f" ({low:.3f}-{high:.3f})"
             cells.append(f"[red]{ratio}[/red]" if collapsed else ratio)
             cells.append(f"{arm_row['excess_recompute_tokens_per_request']:,.0f}")
             cells += [format_bytes(arm_row["written_bytes"][tier]) for tier in arm["totals"]["written_bytes"]]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvscope.tierstore.mooncake_tier import MooncakeTier, RequestClock
+from kvscope.tierstore.mooncake_tier import MooncakeTier
 from kvscope.tierstore.policies import LruPolicy, MooncakePolicy
 from kvscope.tierstore.store import TieredStore
 from kvscope.tierstore.tier import Tier
@@ -17,7 +17,7 @@ BLOCK = 100
 
 
 def segment(ttl: float = 0.05, watermark: float = 0.9, ratio: float = 0.05, retries: bool = True) -> MooncakeTier:
-    return MooncakeTier("dram", 10 * BLOCK, MooncakePolicy(ttl, watermark, ratio), RequestClock(0.1), retries)
+    return MooncakeTier("dram", 10 * BLOCK, MooncakePolicy(ttl, watermark, ratio, shards=1), 0.1, retries)
 
 
 def keys(prefix: str, count: int) -> list[str]:
@@ -120,27 +120,24 @@ def test_in_a_tiered_store_what_the_segment_evicts_is_offloaded_when_demoting(pl
     assert store.read_prefix(keys("a", 3)).blocks == 3  # the chain is whole across the two tiers
 
 
-def test_the_clock_of_a_mirror_is_when_the_real_arm_sent_its_requests():
-    """Rows record each round's request start times; past them the pacing goes on from the last one."""
-    rows = [{"request_start_s": [0.0, 0.5]}]
-    clock = RequestClock(0.1, rows)
-    assert [clock(i) for i in range(4)] == [0.0, 0.5, 0.6, pytest.approx(0.7)]
-    rows.append({"request_start_s": [2.5, 3.0]})  # the real arm's next round, read as it comes
-    assert [clock(i) for i in (2, 3, 4)] == [2.5, 3.0, pytest.approx(3.1)]
-    assert [RequestClock(0.1)(i) for i in (0, 3)] == [0.0, pytest.approx(0.3)]
-
-
-def test_a_late_real_request_lets_a_lease_run_out_that_the_paced_clock_would_keep():
-    """A chain read with a 1 s lease, then puts that fill the segment: paced 0.1 s apart the chain is still leased
-    when the segment fills and the blocks put since go; sent 1.5 s later (a real server slower than the pacing) the
-    chain's lease ran out before theirs and it goes first."""
-
-    def evicted(clock: RequestClock) -> list[str]:
-        tier = MooncakeTier("dram", 10 * BLOCK, MooncakePolicy(1.0, 0.9, 0.05), clock, True)
-        request(tier, puts=keys("a", 5))  # request 0
-        request(tier, reads=keys("a", 5))  # request 1: a0..a4 leased for 1 s
-        request(tier, puts=keys("b", 4))  # request 2: 9 blocks, at the watermark
-        return request(tier, puts=["c0"])  # request 3: above it, a batch of 2 goes
-
-    assert evicted(RequestClock(0.1)) == ["b0", "b1"]  # t = 0.1, 0.2, 0.3: a leased until 1.1
-    assert evicted(RequestClock(0.1, [{"request_start_s": [0.0, 0.1, 1.6, 1.7]}])) == ["a0", "a1"]
+def test_a_batch_leases_shard_by_shard_from_a_random_start_so_a_chain_is_leased_out_of_order():
+    """BatchExistKey visits the shards downwards from a random one, a shard's keys in batch order: the grants'
+    order (which the eviction thread reads as the order of lease timeouts) is the chain's order only by chance."""
+    chain = list(range(12))
+    policy = MooncakePolicy(lease_ttl=1.0, eviction_ratio=1.0, shards=4, seed=7)
+    policy.admit(chain, BLOCK)
+    allowed = [sorted(chain, key=lambda key, start=start: ((start - policy.shard(key)) % 4, key)) for start in range(4)]
+    seen = set()
+    for batch in range(1, 30):
+        policy.now = 10.0 * batch
+        policy.grant_batch(chain)
+        policy.now += 5.0  # every lease has run out: the thread's victims are the chain in the order of its grants
+        order = policy.batch_victims(used_ratio=1.0, flagged=True)
+        assert order in allowed
+        seen.add(tuple(order))
+    assert len(seen) > 1 and len({policy.shard(key) for key in chain}) > 1
+    one_shard = MooncakePolicy(lease_ttl=1.0, eviction_ratio=1.0, shards=1)
+    one_shard.admit(chain, BLOCK)
+    one_shard.grant_batch(chain[::-1])
+    one_shard.now = 5.0
+    assert one_shard.batch_victims(used_ratio=1.0, flagged=True) == chain[::-1]
