@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from kvscope.tierstore.ab import run_ab, run_arm
-from kvscope.tierstore.mooncake import mooncake_missing
+from kvscope.tierstore.mooncake import mooncake_missing, object_key
 from kvscope.tierstore.planner import plan
 from kvscope.tierstore.scenario import load_scenario
 
@@ -67,3 +67,11 @@ def test_the_model_follows_a_real_mooncake_now(require_real):
         real, mirror = result["arms"]["dram"], result["arms"]["dram_sim"]
         assert real["store"]["kind"] == "mooncake" and mirror["mirror_of"] == "dram", name
         _agree(_ratios(real["rounds"]), _ratios(mirror["rounds"]))
+
+
+def test_a_vllm_block_hash_is_named_as_vllms_mooncake_connector_names_it():
+    """`keys: vllm` objects carry the connector's name (PoolKey.to_string: model, ranks, KV group, the hash in hex);
+    integer chain keys stay 16 hex digits."""
+    block_hash = bytes(range(32))
+    assert object_key(block_hash) == "kvscope@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@" + block_hash.hex()
+    assert object_key(2**64 + 5) == "0000000000000005"

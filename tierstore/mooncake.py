@@ -362,7 +362,7 @@ class MooncakeStore:
         end = len(keys) if stop is None or stop > len(keys) else stop
         if end <= start:
             return PrefixRead(0, [], 0.0)
-        answer = self.processes.request({"op": "read", "keys": [_key(k) for k in keys[start:end]]})
+        answer = self.processes.request({"op": "read", "keys": [object_key(k) for k in keys[start:end]]})
         self._count(answer)
         return PrefixRead(answer["blocks"], [], answer["seconds"])
 
@@ -371,7 +371,7 @@ class MooncakeStore:
             return 0
         if nbytes != self.block_bytes:
             raise MooncakeError(f"the arm stores blocks of {self.block_bytes:,} B, not {nbytes:,} B")
-        answer = self.processes.request({"op": "put", "keys": [_key(k) for k in keys]})
+        answer = self.processes.request({"op": "put", "keys": [object_key(k) for k in keys]})
         self._count(answer)
         self.put_retries += answer["retries"]
         self.not_admitted += answer["not_admitted"]
@@ -436,12 +436,18 @@ class MooncakeStore:
             self.codes[code_name(operation, code)] += count
 
 
-def _key(key: Key) -> str:
-    """Mooncake object keys are strings: a chain key as 16 hex digits (bytes keys in hex)."""
+CONNECTOR_KEY_PREFIX = "kvscope@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@"
+"""What vLLM's Mooncake connector puts before a block's hash (PoolKey.to_string: model name, namespace, ranks, KV
+group), here for a model named kvscope on one rank."""
+
+
+def object_key(key: Key) -> str:
+    """Mooncake object keys are strings: an integer chain key as 16 hex digits; a vLLM block hash (`keys: vllm`)
+    as vLLM's Mooncake connector names it, CONNECTOR_KEY_PREFIX and the hash in hex."""
     if isinstance(key, int):
         return f"{key & 0xFFFF_FFFF_FFFF_FFFF:016x}"
     if isinstance(key, bytes):
-        return key.hex()
+        return CONNECTOR_KEY_PREFIX + key.hex()
     return str(key)
 
 

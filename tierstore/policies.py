@@ -13,6 +13,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
+import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from itertools import count, repeat
@@ -25,6 +26,9 @@ class EvictionPolicy:
     """Base policy: evicts in admission order; subclasses change what a read or a release does."""
 
     name: ClassVar[str]
+    # The system stores a request's new blocks one at a time, each evicting what it needs (LMCache), rather than
+    # making room for the whole batch first
+    stores_one_at_a_time: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self._blocks: OrderedDict[Key, int] = OrderedDict()
@@ -135,7 +139,12 @@ class MooncakePolicy(EvictionPolicy):
         self.refresh = self.grant
 
     def shard(self, key: Key) -> int:
-        """The metadata shard of `key` (a stable function of the key and the seed: keys are ints or tuples)."""
+        """The metadata shard of `key`, a function of the key and the seed that is the same in every process
+        (Python salts the hash of bytes and str: a vLLM block hash is read as the integer it is)."""
+        if isinstance(key, bytes):
+            key = int.from_bytes(key[:8], "big")
+        elif isinstance(key, str):
+            key = zlib.crc32(key.encode())
         return hash((self._salt, key)) % self.shards
 
     def grant(self, key: Key) -> None:
@@ -177,8 +186,69 @@ class MooncakePolicy(EvictionPolicy):
         return [key for _, key in heapq.nsmallest(wanted, expired, key=lambda item: item[0])]
 
 
+class LmcachePolicy(EvictionPolicy):
+    """LMCache's CPU backend under vLLM's connector, as lmcache/v1/storage_backend/local_cpu_backend.py,
+    cache_policy/lru.py and lmcache/v1/cache_engine.py have it (the store's chunks are its blocks):
+
+    - lookup (`contains(key, pin=True)` chunk by chunk from the head, up to the first missing one): every chunk found
+      is pinned and noted (`keys_in_request`); when the lookup ends they are touched in reverse (`touch_cache`, the
+      LRU's `move_to_end`), so a looked-up chain becomes the most recent with its head newest;
+    - retrieve (`batched_get_non_blocking`) reorders nothing;
+    - store: a present chunk is skipped (`contains` without a pin: no touch), a new one is allocated chunk by chunk,
+      each evicting as needed the least recent chunk that can be evicted (`get_evict_candidates` skips pinned
+      ones), and enters as the most recent;
+    - the pins go when the request's save is done (`lookup_unpin`): a request never evicts the chunks it found.
+
+    What it leaves out: a store that finds every chunk pinned would fail its allocation and keep the rest of the
+    chain unstored; here the oldest pinned chunk goes (only a tier smaller than one request's prefix gets there).
+    """
+
+    name = "lmcache"
+    stores_one_at_a_time = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._looked_up: list[Key] = []  # keys_in_request: found by the lookup in progress, head first
+        self._pinned: set[Key] = set()
+        self.refresh = self._found
+
+    def _found(self, key: Key) -> None:
+        self._looked_up.append(key)
+        self._pinned.add(key)
+
+    def _end_lookup(self) -> None:
+        """touch_cache: the chunks the lookup found, tail first, to the recent end."""
+        if self._looked_up:
+            blocks = self._blocks
+            for key in reversed(self._looked_up):
+                if key in blocks:
+                    blocks.move_to_end(key)
+            self._looked_up.clear()
+
+    def admit(self, keys: Sequence[Key], nbytes: int) -> None:
+        self._end_lookup()
+        super().admit(keys, nbytes)
+
+    def pop_victim(self) -> tuple[Key, int]:
+        """The least recent chunk not pinned (pinned chunks sit at the recent end, so the scan is short)."""
+        self._end_lookup()
+        blocks, pinned = self._blocks, self._pinned
+        for key in blocks:
+            if key not in pinned:
+                return key, blocks.pop(key)
+        return blocks.popitem(last=False)
+
+    def release(self, keys: Sequence[Key]) -> None:
+        self._end_lookup()
+        self._pinned.difference_update(keys)
+
+    def keys(self) -> Iterable[Key]:
+        self._end_lookup()
+        return super().keys()
+
+
 POLICIES: dict[str, type[EvictionPolicy]] = {
-    policy.name: policy for policy in (LruPolicy, FifoPolicy, TailFirstPolicy, MooncakePolicy)
+    policy.name: policy for policy in (LruPolicy, FifoPolicy, TailFirstPolicy, MooncakePolicy, LmcachePolicy)
 }
 
 

@@ -72,6 +72,11 @@ class MultiRoundWorkload(_Strict):
     shared_prefix_tokens: int = Field(0, ge=0, description="a prefix common to all sessions (system prompt)")
     order: Literal["round_robin", "shuffled"] = "round_robin"
     seed: int = Field(0, description="random seed for order: shuffled")
+    keys: Literal["int", "vllm"] = Field(
+        "int",
+        description="block keys: int, a cheap integer chain; vllm, vLLM's own (SHA-256 of a block's token ids "
+        "chained to its parent's key, PYTHONHASHSEED=0) over synthetic token ids, the keys a real connector stores",
+    )
 
     @model_validator(mode="after")
     def _shared_prefix_fits(self) -> MultiRoundWorkload:

@@ -143,6 +143,11 @@ class Tier:
         Returns what was evicted, oldest first, with bytes when `keep_evicted` (for demotion). Blocks that
         cannot fit even in an empty tier land and are evicted at once, as a real tier overrun by one request.
         """
+        if self.policy.stores_one_at_a_time and len(keys) > 1:
+            evicted: list[Evicted] = []
+            for key in keys:
+                evicted += self.write([key], nbytes, payload, is_put=is_put, keep_evicted=keep_evicted)
+            return evicted
         if self._block_bytes is None:
             self._block_bytes = nbytes
         elif nbytes != self._block_bytes:

@@ -2,7 +2,8 @@
 
 - `MultiRoundWorkload`: the multi-round chat of DESIGN.md. A session's token stream only grows (the previous
   prompt, then its output, then new user tokens), so block j of a session never changes once full and its
-  chained key can be computed once.
+  chained key can be computed once: an integer chain, or with `keys: vllm` vLLM's own keys over synthetic token
+  ids (`token_ids`), 32 bytes each.
 - `TraceWorkload`: Mooncake-format JSONL (`timestamp` ms, `input_length`, `output_length`, `hash_ids` of
   fixed-size prefix blocks); the trace's own hash_ids are the keys, rounds are windows of arrival time.
 """
@@ -16,10 +17,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvscope.tierstore import scenario as spec
-from kvscope.tierstore.blockhash import INT_CHAIN_ROOT, integer_chain_keys
+from kvscope.tierstore.blockhash import INT_CHAIN_ROOT, BlockHasher, integer_chain_keys
 
 Key = Hashable
 SHARED_SESSION = -1  # the content id used for blocks that lie wholly inside the shared prefix
+SYNTHETIC_VOCAB = 32_000  # token ids of `keys: vllm` blocks lie below this (a Llama-sized vocabulary)
+
+
+def token_ids(owner: int, index: int, block_tokens: int) -> list[int]:
+    """The synthetic token ids of block `index` of `owner` (a session, or SHARED_SESSION for the shared prefix):
+    distinct per owner, the same on every run."""
+    first = index * block_tokens
+    return [((first + offset) * 7 + (owner + 2) * 7919) % SYNTHETIC_VOCAB for offset in range(block_tokens)]
 
 
 class TraceError(ValueError):
@@ -40,7 +49,8 @@ class MultiRoundWorkload:
         self.spec = workload
         self.block_tokens = block_tokens
         self.round_count = workload.rounds
-        self._keys: list[list[int]] = [[] for _ in range(workload.sessions)]
+        self._keys: list[list[Key]] = [[] for _ in range(workload.sessions)]
+        self._hasher = BlockHasher(block_tokens, seed=0) if workload.keys == "vllm" else None
 
     def prompt_tokens(self, round_number: int) -> int:
         """Tokens in every session's prompt in round `round_number` (1-based)."""
@@ -65,7 +75,7 @@ class MultiRoundWorkload:
                 )
             yield requests
 
-    def _session_keys(self, session: int, blocks: int) -> list[int]:
+    def _session_keys(self, session: int, blocks: int) -> list[Key]:
         """The session's chained block keys, extended to `blocks`; shared-prefix blocks are equal everywhere."""
         keys = self._keys[session]
         if len(keys) < blocks:
@@ -73,7 +83,13 @@ class MultiRoundWorkload:
             contents = [
                 (SHARED_SESSION if index < shared_blocks else session, index) for index in range(len(keys), blocks)
             ]
-            keys.extend(integer_chain_keys(keys[-1] if keys else INT_CHAIN_ROOT, contents))
+            if self._hasher is None:
+                keys.extend(integer_chain_keys(keys[-1] if keys else INT_CHAIN_ROOT, contents))
+            else:
+                parent = keys[-1] if keys else None
+                for owner, index in contents:
+                    parent = self._hasher.hash_block(parent, token_ids(owner, index, self.block_tokens))
+                    keys.append(parent)
         return keys
 
 

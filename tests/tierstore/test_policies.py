@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from kvscope.tierstore.policies import POLICIES, EvictionPolicy, FifoPolicy, LruPolicy, TailFirstPolicy, make_policy
+from kvscope.tierstore.store import TieredStore
+from kvscope.tierstore.tier import Tier
 
 
 def read(policy: EvictionPolicy, keys: list[str]) -> None:
@@ -117,3 +119,52 @@ def test_make_policy_error_lists_known_names():
     with pytest.raises(ValueError, match=r"unknown eviction policy 'lfu'") as caught:
         make_policy("lfu")
     assert "lru, fifo, tail_first" in str(caught.value)
+
+
+def lmcache_request(tier: Tier, keys: list[str]) -> int:
+    """One request as vLLM's LMCache connector makes it: lookup (and retrieve) of the prefix, store of the chunks
+    not found, then the pins go. Returns the chunks found."""
+    found, _ = tier.read_run(keys, 0, len(keys))
+    tier.write(list(tier.missing(keys)), 10, is_put=True)
+    tier.release(keys)
+    return found
+
+
+def test_lmcache_lookup_touches_the_chain_tail_first_so_an_eviction_through_it_keeps_its_head():
+    """touch_cache moves the chunks a lookup found to the recent end in reverse: the head is newest. An eviction
+    that reaches the chain takes its tail, and the next lookup still finds the head (under lru it finds nothing)."""
+    found = {}
+    for name in ("lmcache", "lru"):
+        tier = Tier("cpu", 40, make_policy(name))
+        lmcache_request(tier, ["a0", "a1"])
+        lmcache_request(tier, ["b0", "b1"])
+        assert lmcache_request(tier, ["a0", "a1", "a2"]) == 2  # evicts b0
+        assert lmcache_request(tier, ["c0", "c1"]) == 0  # evicts b1, then a's oldest chunk
+        found[name] = (sorted(map(str, tier.policy.keys())), lmcache_request(tier, ["a0", "a1", "a2", "a3"]))
+    assert found["lmcache"][0] == ["a0", "a2", "c0", "c1"] and found["lmcache"][1] == 1
+    assert found["lru"][0] == ["a1", "a2", "c0", "c1"] and found["lru"][1] == 0
+
+
+def test_lmcache_store_skips_present_chunks_without_touching_them(drain):
+    """The store path's existence check (contains without a pin) leaves a present chunk's age as it was: a store
+    of [a0, a1] with a0 present writes a1 alone, and a0 stays older than b0."""
+    policy = make_policy("lmcache")
+    store = TieredStore([Tier("cpu", 100, policy)], "replicate")
+    store.put(["a0"], 10)
+    store.put(["b0"], 10)
+    assert store.put(["a0", "a1"], 10) == 10
+    assert drain(policy) == ["a0", "b0", "a1"]
+
+
+def test_lmcache_stores_chunk_by_chunk_and_never_evicts_what_its_request_found():
+    """Each new chunk evicts the least recent unpinned chunk as it is allocated: the request's found head is
+    pinned, so once the other chains are gone its own new chunks go (lru, making room for the batch first, evicts
+    the head)."""
+    kept = {}
+    for name in ("lmcache", "lru"):
+        tier = Tier("cpu", 30, make_policy(name))
+        lmcache_request(tier, ["a0"])
+        lmcache_request(tier, ["b0", "b1"])
+        assert lmcache_request(tier, ["a0", "a1", "a2", "a3"]) == 1
+        kept[name] = sorted(map(str, tier.policy.keys()))
+    assert kept == {"lmcache": ["a0", "a2", "a3"], "lru": ["a1", "a2", "a3"]}

@@ -4,10 +4,22 @@ Mooncake trace replay (round windows, keys from hash_ids, errors that name file:
 from __future__ import annotations
 
 from itertools import pairwise
+from pathlib import Path
 
 import pytest
+import yaml
 
-from kvscope.tierstore.workloads import MultiRoundWorkload, TraceError, TraceWorkload, make_workload
+from kvscope.tierstore.ab import run_ab
+from kvscope.tierstore.blockhash import BlockHasher
+from kvscope.tierstore.scenario import Scenario
+from kvscope.tierstore.workloads import (
+    SHARED_SESSION,
+    MultiRoundWorkload,
+    TraceError,
+    TraceWorkload,
+    make_workload,
+    token_ids,
+)
 
 
 def rounds_of(scenario) -> list:
@@ -191,3 +203,35 @@ def test_trace_without_requests_or_file_is_an_error(scenario, write_trace, trace
     missing = tmp_path / "absent.jsonl"
     with pytest.raises(TraceError, match=f"{missing}: cannot read trace"):
         make_workload(scenario(workload=trace_workload(missing)))
+
+
+def test_vllm_keys_are_vllms_own_over_each_sessions_token_stream(scenario):
+    """`keys: vllm`: each block's key is vLLM's chained SHA-256 of its token ids (PYTHONHASHSEED=0), the same as
+    hashing the session's whole token stream at once; the shared prefix's blocks are one chain for everyone."""
+    block = 256  # the scenario fixture's block
+    s = scenario(
+        workload={"kind": "multi_round", "sessions": 3, "rounds": 3, "first_prompt_tokens": 5 * block,
+                  "shared_prefix_tokens": 2 * block, "user_tokens": block, "output_tokens": block, "keys": "vllm"},
+    )  # fmt: skip
+    assert s.block_tokens == block
+    last = list(make_workload(s).rounds())[-1]
+    hasher = BlockHasher(block, seed=0)
+    for request in last:
+        stream = [token for index in range(len(request.keys))
+                  for token in token_ids(SHARED_SESSION if index < 2 else request.session, index, block)]  # fmt: skip
+        assert list(request.keys) == hasher.block_keys(stream)
+        assert all(isinstance(key, bytes) and len(key) == 32 for key in request.keys)
+    assert len({request.keys[1] for request in last}) == 1 and len({request.keys[2] for request in last}) == 3
+
+
+def test_vllm_keys_serve_the_same_hits_as_integer_keys():
+    """The keys' shape changes nothing a store does: the three policies of examples/policies.yaml give the same
+    rounds with either."""
+    document = yaml.safe_load((Path(__file__).parents[2] / "examples" / "policies.yaml").read_text())
+    curves = []
+    for keys in ("int", "vllm"):
+        document["workload"]["keys"] = keys
+        result = run_ab(Scenario.model_validate(document))
+        curves.append({name: [row["hit_tokens"] for row in arm["rounds"]] for name, arm in result["arms"].items()})
+    assert curves[0] == curves[1]
+    assert len({tuple(curve) for curve in curves[0].values()}) == 3  # and the three policies differ
