@@ -43,17 +43,22 @@ def real_stack(require_real):
         require_real(missing is None, missing or "")
 
 
-# vLLM 0.32 with Mooncake 0.3.13: now and then (2 runs of 7 of the collapse example here, the DRAM-only arm, late
+# vLLM 0.32 with Mooncake 0.3.13: now and then (3 runs of 15 of the collapse example here, the DRAM-only arm, late
 # rounds, the same two blocks each time) a load fails with -704 OBJECT_NOT_FOUND on blocks the lookup has just said
 # exist, and vLLM recomputes and looks them up again without end, until the arm's request timeout ends the run
-# (README, "Why a save or a load failed"). An upstream loop, not kvscope's: such a run is run once more, and said so.
+# (README, "Why a save or a load failed"). An upstream loop, not kvscope's (Mooncake's newer BatchExistKey answers
+# false for an object with no readable replica): such a run is run again, up to twice, and said so.
 UPSTREAM_LOAD_LOOP = ("-704", "Recovered from KV load failure", "chat request failed")
+LOOP_RERUNS = 2
 
 
 def _ab_run(scenario: Path, *args: str) -> None:
     result = CliRunner().invoke(app, ["ab", "run", str(scenario), *args])
-    if result.exit_code != 0 and all(sign in result.output for sign in UPSTREAM_LOAD_LOOP):
-        warnings.warn(f"vLLM's -704 load loop ended a run of {scenario.name}; running it once more", stacklevel=2)
+    for _ in range(LOOP_RERUNS):
+        output = " ".join(result.output.split())  # the terminal's width wraps the server's lines anywhere
+        if result.exit_code == 0 or not all(sign in output for sign in UPSTREAM_LOAD_LOOP):
+            break
+        warnings.warn(f"vLLM's -704 load loop ended a run of {scenario.name}; running it again", stacklevel=2)
         result = CliRunner().invoke(app, ["ab", "run", str(scenario), *args])
     assert result.exit_code == 0, result.output
 
