@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
-from itertools import filterfalse
+from itertools import compress, count, filterfalse, islice
 
 from kvscope.tierstore.backends import Backend
 from kvscope.tierstore.policies import EvictionPolicy
@@ -66,6 +66,8 @@ class Tier:
         self.counters = TierCounters(capacity_bytes=capacity)
         self._index = policy.index
         self._refresh = policy.refresh
+        # the policy evicts in its index's order (lru, fifo, tail_first): eviction needs no call per block
+        self._pops_oldest = type(policy).pop_victim is EvictionPolicy.pop_victim
         self._verifies = self.backend.holds_bytes
         # The size every block written here has had; 0 once two sizes were written (reads then sum the sizes).
         self._block_bytes: int | None = None
@@ -91,12 +93,10 @@ class Tier:
         return filterfalse(self._index.__contains__, keys)
 
     def first_held(self, keys: Sequence[Key], start: int, end: int) -> int:
-        """The position of the first block in `keys[start:end]` this tier holds, `end` when none."""
-        index = self._index
-        for position in range(start, end):
-            if keys[position] in index:
-                return position
-        return end
+        """The position of the first block in `keys[start:end]` this tier holds, `end` when none (the scan runs in
+        C: compress() passes on the positions whose key the index holds, no Python step per key)."""
+        held = map(self._index.__contains__, islice(keys, start, end))
+        return next(compress(count(start), held), end)
 
     def size_of(self, key: Key) -> int:
         return self._index[key]
@@ -197,7 +197,22 @@ class Tier:
 
     def _make_room(self, needed: int, keep_evicted: bool) -> list[Evicted]:
         """Evict victims, as the policy orders them, until `needed` more bytes fit."""
-        excess = self.counters.allocated_bytes + needed - self.counters.capacity_bytes
+        counters = self.counters
+        excess = counters.allocated_bytes + needed - counters.capacity_bytes
+        if excess <= 0:
+            return []
+        if self._pops_oldest and not self.backend.holds_bytes:  # the victims are the index's head: one tight loop
+            popitem, index = self._index.popitem, self._index
+            evicted: list[Evicted] = []
+            freed = 0
+            while freed < excess and index:
+                key, size = popitem(False)
+                freed += size
+                evicted.append(Evicted(key, size))
+            counters.allocated_bytes -= freed
+            counters.evictions += len(evicted)
+            counters.evicted_bytes += freed
+            return evicted
         pop_victim, index = self.policy.pop_victim, self._index
 
         def victims() -> Iterator[tuple[Key, int]]:
