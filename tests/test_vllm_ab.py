@@ -43,11 +43,11 @@ def real_stack(require_real):
         require_real(missing is None, missing or "")
 
 
-# vLLM 0.32 with Mooncake 0.3.13: now and then (3 runs of 15 of the collapse example here, the DRAM-only arm, late
-# rounds, the same two blocks each time) a load fails with -704 OBJECT_NOT_FOUND on blocks the lookup has just said
+# vLLM 0.32 with Mooncake 0.3.13: now and then (4 runs of 17 of the collapse example here, the DRAM-only arm, later
+# rounds, two blocks at a time) a load fails with -704 OBJECT_NOT_FOUND on blocks the lookup has just said
 # exist, and vLLM recomputes and looks them up again without end, until the arm's request timeout ends the run
-# (README, "Why a save or a load failed"). An upstream loop, not kvscope's (Mooncake's newer BatchExistKey answers
-# false for an object with no readable replica): such a run is run again, up to twice, and said so.
+# (README, "Why a save or a load failed"). An upstream loop, not kvscope's: such a run is run again, up to twice,
+# and said so.
 UPSTREAM_LOAD_LOOP = ("-704", "Recovered from KV load failure", "chat request failed")
 LOOP_RERUNS = 2
 
