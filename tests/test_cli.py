@@ -6,6 +6,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from support.criteria import MEDIA_CRITERIA
 from typer.testing import CliRunner
 
 from kvscope.cli import app
@@ -139,3 +140,31 @@ def test_ab_run_prints_the_curves_of_lru_mooncake_and_lmcache_side_by_side(tmp_p
     assert curves["lmcache"][5:] == [0.681, 0.512, 0.375, 0.26, 0.163]  # slowly, keeping the chains' heads
     for name in curves:
         assert f"{name}: collapse predicted at round" in result.output
+
+
+def _verify_media(tmp_path, example: str) -> tuple[int, dict[str, bool]]:
+    """Record the example's arms, then judge them by criteria/media.yaml: the exit code and each verdict."""
+    db, verdicts = tmp_path / "runs.duckdb", tmp_path / "verdicts.json"
+    name = example.removesuffix(".yaml")
+    recorded = runner.invoke(app, ["ab", "run", str(EXAMPLES / example), "--db", str(db)])
+    assert recorded.exit_code == 0, recorded.output
+    arguments = ["verify", "--db", str(db), "--criteria", str(EXAMPLES.parent / "criteria" / "media.yaml"),
+                 "--run", f"{name}/dram_only", "--run", f"{name}/tiered", "--json", str(verdicts)]  # fmt: skip
+    verified = runner.invoke(app, arguments)
+    documents = [verdict["document"] for verdict in json.loads(verdicts.read_text())["verdicts"]]
+    return verified.exit_code, {document["criterion"]["name"]: document["passed"] for document in documents}
+
+
+def test_the_media_verification_example_passes_every_media_criterion(tmp_path):
+    """The published regime: neither arm collapses, both save and load the same, NoF idle in the DRAM-only arm."""
+    code, passed = _verify_media(tmp_path, "media_verification.yaml")
+    assert code == 0 and set(passed) == MEDIA_CRITERIA and all(passed.values()), passed
+
+
+def test_the_long_output_example_fails_save_and_load_parity_as_it_should(tmp_path):
+    """Its DRAM-only arm collapses from round 8 and saves its chains again: it saved and loaded other bytes than
+    the tiered arm, and the verifier says so (exit 1) while the NoF and the conservation criteria still pass."""
+    code, passed = _verify_media(tmp_path, "long_output.yaml")
+    assert code == 1
+    assert not passed["save_parity"] and not passed["load_parity"]
+    assert passed["nof_delta_zero"] and passed["both_tiers_written"] and passed["prompt_tokens_conserved"]
