@@ -136,22 +136,56 @@ def evidence_export(
     console.print(f"wrote {out}/: evidence.json, samples.parquet, chunks.parquet")
 
 
+@evidence_app.command("sign")
+def evidence_sign(
+    bundle: Annotated[Path, typer.Argument(help="a bundle directory from `evidence export`")],
+    key: Annotated[Path, typer.Option("--key", help="Ed25519 private key, PEM (openssl genpkey -algorithm ed25519)")],
+) -> None:
+    """Sign the bundle's digest with an Ed25519 key: writes evidence.sig beside evidence.json."""
+    from kvscope.verifier.db import VerifierError
+    from kvscope.verifier.evidence import sign_bundle
+
+    try:
+        signed = sign_bundle(bundle, key)
+    except VerifierError as error:
+        raise fail(error) from None
+    console.print(f"{bundle}: signed digest {signed} (evidence.sig)", highlight=False)
+
+
 @evidence_app.command("check")
 def evidence_check(
     bundle: Annotated[Path, typer.Argument(help="a bundle directory from `evidence export`, or the service's zip")],
+    expect_digest: Annotated[
+        str | None, typer.Option("--expect-digest", help="the bundle digest you were given beside the bundle")
+    ] = None,
+    public_key: Annotated[
+        Path | None, typer.Option("--public-key", help="Ed25519 public key, PEM: the bundle must be signed by it")
+    ] = None,
 ) -> None:
-    """Recompute every digest and verdict from the bundle alone; exit 1 on any mismatch."""
+    """Recompute every digest and verdict from the bundle alone; exit 1 on any mismatch.
+
+    A bundle's own hashes only show it is consistent: what anchors it is a digest you got out of band
+    (--expect-digest) or a signature by a key you trust (--public-key)."""
     from kvscope.verifier.db import VerifierError
     from kvscope.verifier.evidence import check_bundle
 
     try:
-        report = check_bundle(bundle)
+        report = check_bundle(bundle, expect_digest, public_key)
     except VerifierError as error:
         raise fail(error) from None
     for problem in report.problems:
         errors.print(f"[red]tampered:[/red] {problem}", highlight=False)
     if report.ok:
-        console.print(f"{bundle}: {report.checked} verdict(s) recomputed; digests and verdicts match")
+        anchored = (
+            "signature verified" if report.signed
+            else "digest as expected" if expect_digest
+            else "not anchored: give --expect-digest or --public-key"
+        )  # fmt: skip
+        console.print(
+            f"{bundle}: {report.checked} verdict(s) recomputed; digests and verdicts match; bundle digest "
+            f"{report.digest} ({anchored})",
+            highlight=False,
+        )
     raise typer.Exit(0 if report.ok else 1)
 
 

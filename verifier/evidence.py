@@ -12,7 +12,16 @@ A bundle is a directory: `evidence.json` (the documents and their digests), `sam
 series the verdicts read) and `chunks.parquet` (the chunks' bounds, counts and hashes). `check_bundle` recomputes
 every chunk's hash and count from the samples, each digest from the document and the chunks, and re-runs each SQL
 on tables rebuilt from the samples alone: an edited document, an edited sample or a verdict the SQL no longer gives
-is reported by name.
+is reported by name. It also recompiles each verdict's criterion, as the document records it, and holds the stored
+SQL to what that compiles to (a bundle whose SQL was replaced, or whose criterion was loosened without its SQL,
+is caught without a key).
+
+What anchors a bundle: evidence.json carries `bundle_digest`, sha256 over the RFC 8785 canonical JSON of
+everything else in it (format, database, export time, every verdict id, digest and document), so anyone can
+recompute it with standard tools. A forger who edits a bundle can recompute every hash too; what they cannot make
+is the digest an auditor was given beside the bundle (`evidence check --expect-digest`) or the Ed25519 signature of
+the key the auditor trusts (`evidence sign --key`, then `evidence check --public-key`: the signature, over the
+digest's 32 bytes, is `evidence.sig`).
 """
 
 from __future__ import annotations
@@ -30,10 +39,15 @@ from pathlib import Path
 
 import duckdb
 import numpy as np
+import rfc8785
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from pydantic import TypeAdapter, ValidationError
 
 from kvscope import __version__
 from kvscope.units import format_bytes
-from kvscope.verifier.criteria import Outcome, plain_row
+from kvscope.verifier.criteria import Criterion, Outcome, plain_row
 from kvscope.verifier.db import Database, Run, VerifierError, canonical_json, run_sql
 from kvscope.verifier.schema import chunk_digest, chunk_rows
 
@@ -188,11 +202,50 @@ def export_bundle(db: Database, verdict_ids: list[int], out: Path) -> Path:
     ):
         run_sql(db.con, f"COPY ({query}) TO {_quote(str(out / name))} (FORMAT parquet)")
     bundle = {"format": BUNDLE_FORMAT, "database": db.path, "exported_at": time.time(), "verdicts": verdicts}
+    bundle["bundle_digest"] = bundle_digest(bundle)
     (out / MANIFEST).write_text(json.dumps(bundle, indent=2, sort_keys=True) + "\n")
+    (out / SIGNATURE).unlink(missing_ok=True)  # a signature of an earlier export would not be of this one
     return out
 
 
-MANIFEST, SAMPLES, CHUNKS = "evidence.json", "samples.parquet", "chunks.parquet"
+def bundle_digest(bundle: Mapping) -> str:
+    """sha256 over the RFC 8785 canonical JSON of evidence.json without its `bundle_digest`."""
+    covered = {key: value for key, value in bundle.items() if key != "bundle_digest"}
+    try:
+        return hashlib.sha256(rfc8785.dumps(covered)).hexdigest()
+    except (rfc8785.CanonicalizationError, TypeError, ValueError) as error:
+        raise VerifierError(f"evidence.json cannot be canonicalized (RFC 8785): {error}") from None
+
+
+def sign_bundle(bundle: Path, key_file: Path) -> str:
+    """Sign a bundle directory's digest with the Ed25519 private key in `key_file` (PEM, unencrypted, as
+    `openssl genpkey -algorithm ed25519` writes it); writes evidence.sig and returns the digest signed."""
+    try:
+        key = serialization.load_pem_private_key(key_file.read_bytes(), password=None)
+    except (OSError, ValueError, TypeError) as error:
+        raise VerifierError(f"{key_file}: not an unencrypted PEM private key: {error}") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise VerifierError(f"{key_file}: not an Ed25519 key ({type(key).__name__})")
+    sha = _recorded_digest(bundle)
+    (bundle / SIGNATURE).write_bytes(key.sign(bytes.fromhex(sha)))
+    return sha
+
+
+def _recorded_digest(bundle: Path) -> str:
+    """The bundle's digest as recomputed from its evidence.json (a bundle that does not match it is refused)."""
+    try:
+        document = json.loads((bundle / MANIFEST).read_text())
+    except (OSError, ValueError) as error:
+        raise VerifierError(f"{bundle / MANIFEST}: not a kvscope evidence file: {error}") from None
+    if not isinstance(document, dict):
+        raise VerifierError(f"{bundle / MANIFEST}: not a kvscope evidence file")
+    sha = bundle_digest(document)
+    if document.get("bundle_digest") != sha:
+        raise VerifierError(f"{bundle / MANIFEST}: its bundle_digest does not match its content: not signing it")
+    return sha
+
+
+MANIFEST, SAMPLES, CHUNKS, SIGNATURE = "evidence.json", "samples.parquet", "chunks.parquet", "evidence.sig"
 MAX_BUNDLE_MEMBER_BYTES = 16 << 30  # what one file of a zipped bundle may unpack to
 _CHUNK_COLUMNS = "series_id, first_ts, last_ts, samples, sha256"
 
@@ -201,28 +254,40 @@ _CHUNK_COLUMNS = "series_id, first_ts, last_ts, samples, sha256"
 class CheckReport:
     checked: int = 0
     problems: list[str] = field(default_factory=list)
+    digest: str = ""  # the bundle's digest, recomputed (what an auditor compares with the one they were given)
+    signed: bool = False  # the signature verified against the public key given
 
     @property
     def ok(self) -> bool:
         return self.checked > 0 and not self.problems
 
 
-def check_bundle(bundle: Path) -> CheckReport:
+def check_bundle(bundle: Path, expect_digest: str | None = None, public_key: Path | None = None) -> CheckReport:
     """Recompute every chunk hash, digest and verdict of a bundle from its own files; list what does not match.
-    `bundle` is a directory (`evidence export`) or the zip the service serves."""
+    `bundle` is a directory (`evidence export`) or the zip the service serves. With `expect_digest` the bundle's
+    digest must be that one; with `public_key` (PEM) its evidence.sig must be that key's signature of it."""
     if bundle.is_file():
         with tempfile.TemporaryDirectory(prefix="kvscope-bundle-") as folder:
-            return check_bundle(_unzipped(bundle, Path(folder)))
+            return check_bundle(_unzipped(bundle, Path(folder)), expect_digest, public_key)
     for name in (MANIFEST, SAMPLES, CHUNKS):
         if not (bundle / name).is_file():
             raise VerifierError(f"{bundle}: not an evidence bundle: {name} is missing")
     try:
-        verdicts = json.loads((bundle / MANIFEST).read_text())["verdicts"]
+        manifest = json.loads((bundle / MANIFEST).read_text())
+        verdicts = manifest["verdicts"]
     except (ValueError, KeyError, TypeError) as error:
         raise VerifierError(f"{bundle / MANIFEST}: not a kvscope evidence file: {error!r}") from None
     if not isinstance(verdicts, list) or not verdicts:
         raise VerifierError(f"{bundle / MANIFEST}: no verdicts to check")
-    report = CheckReport()
+    report = CheckReport(digest=bundle_digest(manifest))
+    if manifest.get("bundle_digest") != report.digest:
+        report.problems.append(
+            "evidence.json: its bundle_digest does not match its content: the bundle was edited after export"
+        )
+    if expect_digest is not None and expect_digest.strip().lower() != report.digest:
+        report.problems.append(f"evidence.json: digest {report.digest}, not the expected {expect_digest.strip()}")
+    if public_key is not None:
+        report.signed = _signature_holds(bundle, public_key, report.digest, report.problems)
     with Database(":memory:") as scratch:
         try:
             _load_bundle(scratch, verdicts, bundle)
@@ -239,6 +304,25 @@ def check_bundle(bundle: Path) -> CheckReport:
             except (KeyError, TypeError, AttributeError) as error:
                 raise VerifierError(f"{bundle / MANIFEST}: verdict {report.checked} is incomplete: {error!r}") from None
     return report
+
+
+def _signature_holds(bundle: Path, public_key: Path, sha: str, problems: list[str]) -> bool:
+    """Whether evidence.sig is the key's Ed25519 signature of the digest; what is wrong goes to `problems`."""
+    try:
+        key = serialization.load_pem_public_key(public_key.read_bytes())
+    except (OSError, ValueError, TypeError) as error:
+        raise VerifierError(f"{public_key}: not a PEM public key: {error}") from None
+    if not isinstance(key, Ed25519PublicKey):
+        raise VerifierError(f"{public_key}: not an Ed25519 public key ({type(key).__name__})")
+    if not (bundle / SIGNATURE).is_file():
+        problems.append(f"{SIGNATURE}: missing: the bundle is not signed")
+        return False
+    try:
+        key.verify((bundle / SIGNATURE).read_bytes(), bytes.fromhex(sha))
+    except InvalidSignature:
+        problems.append(f"{SIGNATURE}: not this key's signature of digest {sha}")
+        return False
+    return True
 
 
 def _load_bundle(db: Database, verdicts: list[dict], bundle: Path) -> None:
@@ -276,13 +360,15 @@ def _load_bundle(db: Database, verdicts: list[dict], bundle: Path) -> None:
 
 
 def _unzipped(archive: Path, folder: Path) -> Path:
-    """The bundle's three files out of a zip into `folder`, by their own names only (nothing else of the archive is
-    written, so no member path reaches the file system) and within a size bound."""
+    """The bundle's files (three, and its signature if signed) out of a zip into `folder`, by their own names only
+    (nothing else of the archive is written, so no member path reaches the file system) and within a size bound."""
     try:
         with zipfile.ZipFile(archive) as zipped:
             members = {info.filename: info for info in zipped.infolist()}
-            for name in (MANIFEST, SAMPLES, CHUNKS):
+            for name in (MANIFEST, SAMPLES, CHUNKS, SIGNATURE):
                 info = members.get(name)
+                if info is None and name == SIGNATURE:  # an unsigned bundle
+                    continue
                 if info is None:
                     raise VerifierError(f"{archive}: not an evidence bundle: {name} is missing from the zip")
                 if info.file_size > MAX_BUNDLE_MEMBER_BYTES:
@@ -342,6 +428,7 @@ def _check_verdict(db: Database, verdict: dict, altered: dict[int, str]) -> list
     ).fetchnumpy()
     if digest(document, chunks) != verdict["digest"]:
         problems.append(f"{name}: digest mismatch: the document or its chunk hashes were changed")
+    problems += _recompiled(document, name)
     try:
         result = db.con.execute(document["sql"])
         columns = [c[0] for c in result.description]
@@ -356,6 +443,25 @@ def _check_verdict(db: Database, verdict: dict, altered: dict[int, str]) -> list
     if passed != document["passed"]:
         problems.append(f"{name}: recorded {'pass' if document['passed'] else 'fail'}, the samples say otherwise")
     return problems
+
+
+_CRITERION = TypeAdapter(Criterion)
+
+
+def _recompiled(document: dict, name: str) -> list[str]:
+    """The verdict's criterion, as its document records it, compiled again: its SQL must be the stored one."""
+    try:
+        criterion = _CRITERION.validate_python(document["criterion"])
+        runs = {role: Run(run["run_id"], run["name"], run["arm"], run["scenario"], "bundle", 0.0, None, {})
+                for role, run in document["runs"].items()}  # fmt: skip
+        compiled = criterion.sql(runs)
+    except ValidationError as error:
+        return [f"{name}: its criterion does not validate: {error.errors()[0]['msg']}"]
+    except KeyError as error:
+        return [f"{name}: its criterion judges run role {error} that the document does not bind"]
+    if compiled != document["sql"]:
+        return [f"{name}: its SQL is not what its criterion compiles to: the SQL or the criterion was changed"]
+    return []
 
 
 def _same_rows(left: list[dict], right: list[dict]) -> bool:

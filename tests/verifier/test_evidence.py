@@ -10,9 +10,9 @@ import pytest
 from typer.testing import CliRunner
 
 from kvscope.cli import app
-from kvscope.verifier.criteria import CriteriaFile, evaluate
-from kvscope.verifier.db import VerifierError
-from kvscope.verifier.evidence import check_bundle, chunks_of, digest, export_bundle, record_verdict
+from kvscope.verifier.criteria import CriteriaFile, Parity, evaluate, plain_row
+from kvscope.verifier.db import Run, VerifierError
+from kvscope.verifier.evidence import bundle_digest, check_bundle, chunks_of, digest, export_bundle, record_verdict
 from kvscope.verifier.schema import chunk_digest
 
 runner = CliRunner()
@@ -37,10 +37,14 @@ def bundle(recording, tmp_path):
     return export_bundle(recording.db, [], tmp_path / "bundle")
 
 
-def rewrite_manifest(bundle, change) -> None:
+def rewrite_manifest(bundle, change, recompute_bundle_digest: bool = True) -> None:
+    """Edit the first verdict as a forger would: with the bundle's own digest recomputed over the edit (only a
+    digest given out of band or a signature tells then)."""
     path = bundle / "evidence.json"
     data = json.loads(path.read_text())
     change(data["verdicts"][0])
+    if recompute_bundle_digest:
+        data["bundle_digest"] = bundle_digest(data)
     path.write_text(json.dumps(data))
 
 
@@ -196,3 +200,111 @@ def test_the_zip_the_service_serves_checks_out_and_a_zip_without_the_bundle_is_r
     (tmp_path / "garbage.zip").write_bytes(b"PK not a zip")
     result = runner.invoke(app, ["evidence", "check", str(tmp_path / "garbage.zip")])
     assert result.exit_code == 2 and "not a readable zip" in " ".join(result.output.split())
+
+
+def _redigest(recording, verdict: dict) -> None:
+    """What a forger does after an edit: the verdict's digest recomputed over the edited document."""
+    document = verdict["document"]
+    verdict["digest"] = digest(document, chunks_of(recording.db.con, [s["series_id"] for s in document["series"]]))
+
+
+def test_sql_replaced_by_a_constant_pass_is_caught_by_recompiling_the_criterion(recording, bundle):
+    """`SELECT true AS passed` with the rows it 'returns' and every digest recomputed: the criterion (tolerance
+    0.01) compiles to other SQL."""
+
+    def forge(verdict: dict) -> None:
+        document = verdict["document"]
+        document["sql"], document["columns"], document["observed"] = (
+            "SELECT true AS passed",
+            ["passed"],
+            [{"passed": True}],
+        )
+        _redigest(recording, verdict)
+
+    rewrite_manifest(bundle, forge)
+    assert check_bundle(bundle).problems == [
+        "verdict 1 (save): its SQL is not what its criterion compiles to: the SQL or the criterion was changed"
+    ]
+
+
+def test_an_edit_without_the_bundle_digest_recomputed_is_caught(bundle):
+    """The verdict ids, the database and the export time are covered by the bundle's digest too."""
+    rewrite_manifest(bundle, lambda verdict: verdict.__setitem__("verdict_id", 7), recompute_bundle_digest=False)
+    assert check_bundle(bundle).problems == [
+        "evidence.json: its bundle_digest does not match its content: the bundle was edited after export"
+    ]
+
+
+def _loosen_and_drop(recording, bundle) -> None:
+    """The forgeries a bundle's own hashes cannot tell: a tolerance loosened with its SQL compiled again, and the
+    other verdict deleted; every digest recomputed."""
+    path = bundle / "evidence.json"
+    data = json.loads(path.read_text())
+    verdict = data["verdicts"][0]
+    document = verdict["document"]
+    document["criterion"]["tolerance"] = 0.5
+    runs = {role: Run(run["run_id"], run["name"], run["arm"], run["scenario"], "ab", 0.0, None, {})
+            for role, run in document["runs"].items()}  # fmt: skip
+    document["sql"] = Parity.model_validate(document["criterion"]).sql(runs)
+    document["threshold"]["relative_tolerance"] = 0.5
+    result = recording.db.con.execute(document["sql"])
+    columns = [column[0] for column in result.description]
+    document["observed"] = [plain_row(dict(zip(columns, row, strict=True))) for row in result.fetchall()]
+    _redigest(recording, verdict)
+    data["verdicts"] = [verdict]
+    data["bundle_digest"] = bundle_digest(data)
+    path.write_text(json.dumps(data))
+
+
+@pytest.fixture
+def keys(tmp_path) -> tuple[Path, Path]:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    private, public = tmp_path / "key.pem", tmp_path / "key.pub.pem"
+    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))  # fmt: skip
+    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                     serialization.PublicFormat.SubjectPublicKeyInfo))  # fmt: skip
+    return private, public
+
+
+def test_a_digest_given_out_of_band_catches_what_the_bundle_cannot(recording, bundle):
+    given = check_bundle(bundle).digest
+    assert check_bundle(bundle, expect_digest=given).ok
+    _loosen_and_drop(recording, bundle)
+    assert check_bundle(bundle).ok  # consistent in itself: the SQL is what the loosened criterion compiles to
+    report = check_bundle(bundle, expect_digest=given)
+    assert report.problems == [f"evidence.json: digest {report.digest}, not the expected {given}"]
+    result = runner.invoke(app, ["evidence", "check", str(bundle), "--expect-digest", given])
+    assert result.exit_code == 1 and "not the expected" in " ".join(result.output.split())
+
+
+def test_a_signed_bundle_checks_with_the_public_key_and_an_edited_one_does_not(recording, bundle, keys):
+    private, public = keys
+    signed = runner.invoke(app, ["evidence", "sign", str(bundle), "--key", str(private)])
+    assert signed.exit_code == 0, signed.output
+    checked = runner.invoke(app, ["evidence", "check", str(bundle), "--public-key", str(public)])
+    assert checked.exit_code == 0 and "signature verified" in checked.output, checked.output
+    _loosen_and_drop(recording, bundle)
+    report = check_bundle(bundle, public_key=public)
+    assert not report.signed and report.problems == [
+        f"evidence.sig: not this key's signature of digest {report.digest}"
+    ]
+    (bundle / "evidence.sig").unlink()
+    assert check_bundle(bundle, public_key=public).problems == ["evidence.sig: missing: the bundle is not signed"]
+
+
+def test_signing_refuses_a_bundle_edited_after_export_and_a_key_that_is_not_ed25519(bundle, keys, tmp_path):
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    ec_key = tmp_path / "ec.pem"
+    ec_key.write_bytes(ec.generate_private_key(ec.SECP256R1()).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))  # fmt: skip
+    result = runner.invoke(app, ["evidence", "sign", str(bundle), "--key", str(ec_key)])
+    assert result.exit_code == 2 and "not an Ed25519 key" in " ".join(result.output.split())
+    rewrite_manifest(bundle, lambda verdict: verdict.__setitem__("verdict_id", 7), recompute_bundle_digest=False)
+    result = runner.invoke(app, ["evidence", "sign", str(bundle), "--key", str(keys[0])])
+    assert result.exit_code == 2 and "does not match its content" in " ".join(result.output.split())
