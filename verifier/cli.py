@@ -59,10 +59,14 @@ def verify(
         list[str] | None, typer.Option("--param", help="NAME=VALUE: bind one of the criteria's params (repeat)")
     ] = None,
     json_out: JsonOut = None,
+    allow_unfinished: Annotated[
+        bool, typer.Option("--allow-unfinished", help="judge runs whose recording was interrupted (no end)")
+    ] = False,
 ) -> None:
     """Judge recorded runs against machine criteria; store each verdict with its evidence.
 
-    Exit 0 when every criterion passed, 1 when one failed, 2 when one could not be judged (missing series...).
+    Exit 0 when every criterion passed, 1 when one failed, 2 when one could not be judged (missing series, a run
+    that never finished without --allow-unfinished...).
     """
     from rich.table import Table
 
@@ -78,6 +82,15 @@ def verify(
         runs = spec.bind(database, run)
     except VerifierError as error:
         raise fail(error) from None
+    unfinished = [r.name for r in runs.values() if r.ended_at is None]
+    if unfinished and not allow_unfinished:
+        database.close()
+        raise fail(
+            f"run {unfinished[0]!r} never finished (its recording was interrupted: it has no end), so nothing says "
+            "its series cover the run: --allow-unfinished judges what it recorded, and its verdicts say so"
+        )
+    for name in unfinished:
+        errors.print(f"[yellow]warning:[/yellow] run {escape(repr(name))} never finished", highlight=False)
     table = Table(title=f"{criteria} on {', '.join(f'{role}={r.name}' for role, r in runs.items())}")
     for column in ("criterion", "verdict", "summary", "digest"):
         table.add_column(column, overflow="fold")

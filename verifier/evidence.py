@@ -95,11 +95,12 @@ def record_verdict(db: Database, outcome: Outcome, runs: Mapping[str, Run]) -> V
     document = {
         "format": BUNDLE_FORMAT,
         "criterion": outcome.criterion.model_dump(mode="json", by_alias=True, exclude_defaults=False),
-        "runs": {
-            role: {"name": r.name, "run_id": r.run_id, "arm": r.arm, "scenario": r.scenario} for role, r in runs.items()
-        },
+        "runs": {role: _run_record(r) for role, r in runs.items()},
         "passed": outcome.passed,
-        "summary": summarize(outcome),
+        "summary": summarize(outcome)
+        + "".join(
+            f" (run {r.name!r} never finished: judged on what it recorded)" for r in runs.values() if r.ended_at is None
+        ),
         "threshold": outcome.criterion.threshold(),
         "columns": outcome.columns,
         "observed": outcome.rows,
@@ -128,6 +129,22 @@ def record_verdict(db: Database, outcome: Outcome, runs: Mapping[str, Run]) -> V
         ],
     )[0]
     return Verdict(verdict_id, outcome.criterion.name, outcome.passed, document["summary"], document, sha)
+
+
+def _run_record(run: Run) -> dict:
+    """What a verdict says of a run it judged: which run, where it came from, when, whether it finished (a killed
+    recording has no end) and the hash of its configuration."""
+    return {
+        "name": run.name,
+        "run_id": run.run_id,
+        "arm": run.arm,
+        "scenario": run.scenario,
+        "origin": run.origin,
+        "started_at": run.started_at,
+        "ended_at": run.ended_at,
+        "finished": run.ended_at is not None,
+        "config_sha256": hashlib.sha256(canonical_json(run.config).encode()).hexdigest(),
+    }
 
 
 def summarize(outcome: Outcome) -> str:

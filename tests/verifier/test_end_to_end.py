@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import duckdb
 import yaml
 from support.criteria import MEDIA_CRITERIA
 from typer.testing import CliRunner
@@ -131,3 +132,22 @@ def test_recording_refuses_a_run_name_already_in_the_file_before_simulating(tmp_
     result = runner.invoke(app, ["ab", "run", str(again), "--db", str(db)])
     assert result.exit_code == 2
     assert "a run named 'media/dram_only' is already recorded" in " ".join(result.output.split())
+
+
+def test_a_run_that_never_finished_is_refused_unless_allowed_and_then_its_verdicts_say_so(tmp_path):
+    """A recording killed mid-run has no end: nothing says its series cover the run. verify refuses it (exit 2)
+    unless told to judge what it recorded; then every verdict names the run and its document says unfinished."""
+    db = record(tmp_path, scenario({"attached": [NOF]}))
+    with duckdb.connect(str(db)) as con:  # as a SIGKILLed recorder leaves it
+        con.execute("UPDATE runs SET ended_at = NULL WHERE name = 'media/tiered'")
+    arguments = ["verify", "--db", str(db), "--criteria", str(MEDIA), "--run", "media/dram_only",
+                 "--run", "media/tiered", "--json", str(tmp_path / "verdicts.json")]  # fmt: skip
+    refused = runner.invoke(app, arguments)
+    assert refused.exit_code == 2 and "'media/tiered' never finished" in " ".join(refused.output.split())
+    allowed = runner.invoke(app, [*arguments, "--allow-unfinished"])
+    assert allowed.exit_code == 0, allowed.output
+    verdicts = by_name(json.loads((tmp_path / "verdicts.json").read_text()))
+    save = verdicts["save_parity"]
+    assert "run 'media/tiered' never finished" in save["summary"]
+    assert save["runs"]["tiered"]["finished"] is False and save["runs"]["dram_only"]["finished"] is True
+    assert save["runs"]["dram_only"]["origin"] == "ab" and len(save["runs"]["dram_only"]["config_sha256"]) == 64
