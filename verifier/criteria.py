@@ -68,6 +68,8 @@ class _Criterion(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     description: str = ""
     summary_columns: ClassVar[tuple[str, ...]] = ()  # what a failure message shows of each failed row
+    # A delta judged over a run means something only if its series were scraped over the whole run (coverage)
+    needs_coverage: ClassVar[bool] = False
 
     @model_validator(mode="before")
     @classmethod
@@ -151,9 +153,16 @@ class ZeroDelta(_Criterion):
 
     kind: Literal["zero_delta"]
     summary_columns = ("target", "labels", "delta", "first_ts", "last_ts")
+    needs_coverage = True
     metric: MetricField
     run: str
     measure: Measure | None = None
+    max_missed_scrapes: int = Field(
+        1,
+        ge=0,
+        description="coverage: how many scrapes of its target in a row a series may miss, and how many of the run's "
+        "scrape intervals its target may start late or stop early",
+    )
 
     def roles(self) -> list[str]:
         return [self.run]
@@ -172,7 +181,8 @@ SELECT target, labels, kind, samples, first_ts, last_ts, first_value, last_value
 FROM x ORDER BY target, labels"""
 
     def threshold(self) -> dict:
-        return {"delta": 0, "measure": self.measure or "increase for counters, max - min for gauges"}
+        return {"delta": 0, "measure": self.measure or "increase for counters, max - min for gauges",
+                "max_missed_scrapes": self.max_missed_scrapes}  # fmt: skip
 
 
 class PositiveDelta(_Criterion):
@@ -181,11 +191,18 @@ class PositiveDelta(_Criterion):
 
     kind: Literal["positive_delta"]
     summary_columns = ("written", "logical")
+    needs_coverage = True
     metric: MetricField = Metric(name="kv.tier.written.bytes")
     run: str
     group_by: str = "tier"
     expect: list[str] | None = Field(None, description="values of group_by that must all be present and positive")
     consistent_with: MetricField | None = None
+    max_missed_scrapes: int = Field(
+        1,
+        ge=0,
+        description="coverage: how many scrapes of its target in a row a series may miss, and how many of the run's "
+        "scrape intervals its target may start late or stop early",
+    )
 
     def roles(self) -> list[str]:
         return [self.run]
@@ -221,7 +238,8 @@ FROM expected e LEFT JOIN written w USING (grp){join}
 ORDER BY 1"""
 
     def threshold(self) -> dict:
-        return {"increase": "> 0", "at_least": self.consistent_with.describe() if self.consistent_with else None}
+        return {"increase": "> 0", "at_least": self.consistent_with.describe() if self.consistent_with else None,
+                "max_missed_scrapes": self.max_missed_scrapes}  # fmt: skip
 
     def failure_columns(self) -> tuple[str, ...]:
         return (self.group_by, *self.summary_columns)
@@ -551,7 +569,10 @@ def evaluate(db: Database, criterion: _Criterion, runs: Mapping[str, Run]) -> Ou
     """Check the criterion's inputs exist, run its SQL, and return the rows with the series it read."""
     series_ids: list[int] = []
     for role, metric, needs_delta in criterion.reads():
-        series_ids += _check_input(db, criterion, runs[role], metric, needs_delta)
+        found = _check_input(db, criterion, runs[role], metric, needs_delta)
+        if criterion.needs_coverage:
+            _check_coverage(db, criterion, runs[role], found)
+        series_ids += found
     if isinstance(criterion, CounterResets) and criterion.metric is None:
         series_ids = [
             row[0]
@@ -585,6 +606,71 @@ def _check_input(db: Database, criterion: _Criterion, run: Run, metric: Metric, 
             f"{where}: {len(thin)} series of {metric.describe()} have fewer than 2 samples: no delta can be measured"
         )
     return [series_id for series_id, _ in rows]
+
+
+def _check_coverage(db: Database, criterion: _Criterion, run: Run, series_ids: list[int]) -> None:
+    """Each series spans the run, or the criterion cannot judge it (an input error naming the series and the gap).
+
+    A scrape is a time at which the series' target answered (any of its series has a sample then), and the run's
+    scrape interval is the median interval between its targets' scrapes. A series misses at most
+    `max_missed_scrapes` of its target's scrapes in a row, between its target's first and last; a gauge also from
+    its target's first scrape (a counter may be born during the run: it counts from zero) and to its last; and
+    the target starts and stops within `max_missed_scrapes` + 1 of the run's intervals of the run's own first and
+    last scrape (a target that went silent mid-run, or joined late, covers only part of it)."""
+    allowed = criterion.max_missed_scrapes  # type: ignore[attr-defined]  # every criterion that needs coverage has it
+    ids = ", ".join(map(str, series_ids))
+    rows = run_sql(
+        db.con,
+        f"""WITH
+scrapes AS (
+    SELECT DISTINCT s.target, x.ts FROM samples x JOIN series s USING (series_id) WHERE s.run_id = {run.run_id}
+),
+ranked AS (
+    SELECT target, ts, row_number() OVER (PARTITION BY target ORDER BY ts) AS k,
+           ts - lag(ts) OVER (PARTITION BY target ORDER BY ts) AS step
+    FROM scrapes
+),
+targets AS (SELECT target, min(ts) AS first_ts, max(ts) AS last_ts, count(*) AS scrapes FROM ranked GROUP BY target),
+run_span AS (SELECT min(ts) AS first_ts, max(ts) AS last_ts, median(step) AS interval FROM ranked),
+present AS (
+    SELECT x.series_id, r.k, r.ts, lag(r.k) OVER (PARTITION BY x.series_id ORDER BY r.k) AS prev_k,
+           lag(r.ts) OVER (PARTITION BY x.series_id ORDER BY r.k) AS prev_ts
+    FROM samples x JOIN series s USING (series_id) JOIN ranked r ON r.target = s.target AND r.ts = x.ts
+    WHERE x.series_id IN ({ids})
+),
+per_series AS (
+    SELECT series_id, min(k) AS first_k, max(k) AS last_k, max(k - prev_k - 1) AS missed,
+           arg_max(prev_ts, k - prev_k) AS gap_from, arg_max(ts, k - prev_k) AS gap_to
+    FROM present GROUP BY series_id
+)
+SELECT s.series_id, s.target, s.kind, s.labels, p.first_k, p.last_k, coalesce(p.missed, 0), p.gap_from, p.gap_to,
+       t.scrapes, t.first_ts - r.first_ts, r.last_ts - t.last_ts, r.interval
+FROM series s JOIN per_series p USING (series_id) JOIN targets t USING (target), run_span r
+ORDER BY s.series_id""",
+    )
+    where = f"criterion {criterion.name!r}: run {run.name!r}"
+    for (_, target, kind, labels, first_k, last_k, missed, gap_from, gap_to, scrapes, late, early,
+         interval) in rows:  # fmt: skip
+        series = f"series {target} {labels}"
+        if missed > allowed:
+            raise CriteriaError(
+                f"{where}: {series} has no samples for {missed} scrapes of its target in a row "
+                f"(from {gap_from:.3f} to {gap_to:.3f}): it does not cover the run (at most {allowed} may be missed)"
+            )
+        if kind != "counter" and first_k - 1 > allowed:
+            raise CriteriaError(
+                f"{where}: {series} first appears at scrape {first_k} of its target: a gauge that joined the run late "
+                "says nothing of what happened before it"
+            )
+        if scrapes - last_k > allowed:
+            raise CriteriaError(f"{where}: {series} stops {scrapes - last_k} scrapes before its target's last one")
+        if interval and max(late, early) > (allowed + 1) * interval:
+            edge = "starts" if late >= early else "stops"
+            raise CriteriaError(
+                f"{where}: target {target} {edge} {max(late, early):.3f} s {'after' if edge == 'starts' else 'before'}"
+                f" the run's {'first' if edge == 'starts' else 'last'} scrape ({interval:.3f} s apart): it covers "
+                "only part of the run"
+            )
 
 
 # --------------------------------------------------------------------------------------------- SQL pieces

@@ -301,3 +301,50 @@ def test_balance_judges_every_run_it_names(recording):
     three_rounds(recording, "b", [0, 40, 100, 130, 170, 190, 209])
     outcome = judge(recording, {**PROMPT_TOKENS_CONSERVED, "runs": ["a", "b"]}, ("a", "b"))
     assert [(r["run"], r["round"], r["passed"]) for r in outcome.rows if not r["passed"]] == [("b", 3, False)]
+
+
+# ------------------------------------------------------------------------------------------------ coverage
+
+NOF_IDLE = {"name": "nof_idle", "kind": "zero_delta", "run": "a",
+            "metric": {"name": "kv.tier.allocated.bytes", "where": {"tier": "nof"}}}  # fmt: skip
+
+
+def a_100_s_run(recording) -> None:
+    """Run a: target t0 scraped every second for 100 s (its DRAM puts)."""
+    recording.add("a", "kv.store.put.bytes", [float(i) for i in range(100)], tier="dram")
+
+
+def test_a_nof_target_that_went_silent_mid_run_cannot_pass_zero_delta(recording):
+    """Its allocation stayed at 0 for the 10 s it answered: nothing is known of the other 90."""
+    a_100_s_run(recording)
+    recording.add("a", "kv.tier.allocated.bytes", [0.0] * 10, kind="gauge", target="nof-target", tier="nof")
+    with pytest.raises(CriteriaError, match=r"target nof-target stops 90\.000 s before the run's last scrape"):
+        judge(recording, NOF_IDLE, ("a",))
+
+
+def test_a_gauge_that_appears_mid_run_already_allocated_cannot_pass(recording):
+    """First seen at 50 s with 64 MB allocated: a zero delta from there on says nothing of the first 50 s."""
+    a_100_s_run(recording)
+    recording.add("a", "kv.tier.allocated.bytes", [64e6] * 50, kind="gauge", start=1050.0, tier="nof")
+    with pytest.raises(CriteriaError, match="first appears at scrape 51 of its target: a gauge that joined"):
+        judge(recording, NOF_IDLE, ("a",))
+
+
+def test_a_series_with_a_gap_longer_than_the_bound_is_named_with_the_gap(recording):
+    a_100_s_run(recording)
+    recording.add("a", "kv.tier.allocated.bytes", [0.0] * 20, kind="gauge", tier="nof")
+    recording.add("a", "kv.tier.allocated.bytes", [0.0] * 69, kind="gauge", start=1031.0, tier="nof")
+    with pytest.raises(CriteriaError, match=r"no samples for 11 scrapes of its target in a row \(from 1019\.000 to"):
+        judge(recording, NOF_IDLE, ("a",))
+    loose = {**NOF_IDLE, "max_missed_scrapes": 11}  # a bound the criterion states
+    assert judge(recording, loose, ("a",)).passed
+
+
+def test_one_missed_scrape_and_a_counter_born_during_the_run_are_covered(recording):
+    a_100_s_run(recording)
+    recording.add("a", "kv.tier.allocated.bytes", [0.0] * 50, kind="gauge", tier="nof")
+    recording.add("a", "kv.tier.allocated.bytes", [0.0] * 49, kind="gauge", start=1051.0, tier="nof")
+    assert judge(recording, NOF_IDLE, ("a",)).passed
+    recording.add("a", "kv.tier.written.bytes", [5.0, 9.0, 12.0], start=1097.0, tier="nof")  # born at 97 s
+    written = {"name": "w", "kind": "positive_delta", "metric": "kv.tier.written.bytes", "run": "a", "expect": ["nof"]}
+    assert judge(recording, written, ("a",)).passed
