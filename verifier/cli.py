@@ -215,14 +215,14 @@ def import_prometheus_command(
     ] = None,
     end: Annotated[str | None, typer.Option("--end", help="unix seconds or RFC3339 (default: now)")] = None,
     last: Annotated[str, typer.Option("--last", help="window length when --start is not given (30m, 1h, 2d)")] = "1h",
-    step: Annotated[str, typer.Option("--step", help="resolution: at or below the scrape interval (15s, 1m)")] = "15s",
+    step: Annotated[str, typer.Option("--step", help="the scrape interval: sizes the requests (15s, 1m)")] = "15s",
     arm: Annotated[str | None, typer.Option("--arm", help="the A/B arm this window is")] = None,
     cluster: Annotated[str | None, typer.Option("--cluster", help="the cluster the data comes from")] = None,
     bearer_token: Annotated[
         str | None, typer.Option("--bearer-token", envvar="KVSCOPE_PROMETHEUS_TOKEN", help="Authorization: Bearer")
     ] = None,
 ) -> None:
-    """Import series from a Prometheus server's HTTP API (query_range) as a new run of the verifier database.
+    """Import series' raw samples from a Prometheus server's HTTP API as a new run of the verifier database.
 
     Exit 1 when the server or its data fail the import, 2 for bad options.
     """

@@ -1,11 +1,15 @@
 """Import from a Prometheus server's HTTP API (Prometheus, Mimir, Thanos...) into the verifier database.
 
-The path for clusters whose Prometheus already holds the counters: `/api/v1/query_range` per selector, the window
-cut into chunks of at most 11,000 points per series (Prometheus refuses more), one flush per chunk.
+The path for clusters whose Prometheus already holds the counters. Each selector's raw samples are read with a
+range-vector query (`/api/v1/query` of `selector[D]` at the end of each chunk of the window: every sample
+Prometheus holds in (end - D, end], none interpolated), the window cut into chunks of at most 11,000 `step`s, one
+flush per chunk: give `step` as the scrape interval so a chunk stays under Prometheus' sample limits.
 
 What lands where:
-- `query_range` returns the value at each step (the last sample within Prometheus' lookback, 5 minutes by
-  default), not the raw samples: pick `step` at or below the scrape interval to keep every counter reset.
+- Raw samples keep every counter reset and every increase whatever `step` is. `query_range` would return the value
+  at each step (the last sample within Prometheus' lookback): a step longer than the scrape interval loses
+  increases across resets. A selector that is an expression (`rate(x[5m])`, `sum(...)`) has no raw samples: it is
+  read with `query_range` at `step`, and the summary warns that it is step-aligned.
 - A series whose name is the Prometheus name of a KV-tier model instrument (kv_store_put_bytes_total) is stored
   under the instrument (kv.store.put.bytes), normalized, with the instrument's model labels only: what kvscope's
   recorder writes for the same data, so criteria compare arms whatever their origin. The other labels are not
@@ -150,8 +154,19 @@ def import_prometheus(
     try:
         for selector in selectors:
             importer.summary.series_by_selector.setdefault(selector, 0)
+            raw = True
             for window in windows:
-                result, warnings = _query_range(http, url, public_url, selector, window, step)
+                if raw:
+                    try:
+                        result, warnings = _query_raw(http, url, public_url, selector, window, step, start)
+                    except _NotASeriesSelector:
+                        raw = False
+                        importer.summary.warnings.append(
+                            f"{selector!r} is an expression, not a series selector: it has no raw samples, so it was "
+                            f"read every {step:g} s (query_range), and increases between those points may be lost"
+                        )
+                if not raw:
+                    result, warnings = _query_range(http, url, public_url, selector, window, step)
                 importer.summary.requests += 1
                 importer.summary.warnings.extend(warnings)
                 importer.add(selector, result)
@@ -185,6 +200,36 @@ def _when(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+class _NotASeriesSelector(Exception):
+    """Prometheus refused a range over the selector: it is an expression."""
+
+
+def _query_raw(
+    http: httpx.Client,
+    url: str,
+    public_url: str,
+    selector: str,
+    window: tuple[float, float],
+    step: float,
+    start: float,
+) -> tuple[list[dict], list[str]]:
+    """The raw samples of `selector` in the window's chunk (its first evaluation time less one step, its last],
+    those before the import's `start` left out; raises _NotASeriesSelector for an expression."""
+    first_ms, last_ms, step_ms = round(window[0] * 1000), round(window[1] * 1000), round(step * 1000)
+    query = f"{selector}[{last_ms - first_ms + step_ms}ms]"
+    what = f"query {query!r} at {_when(window[1])} at {public_url}"
+    body = _post(http, url.rstrip("/") + "/api/v1/query", {"query": query, "time": f"{window[1]:.3f}"}, what)
+    if body.get("status") != "success" and body.get("errorType") == "bad_data" and "range" in str(body.get("error")):
+        raise _NotASeriesSelector
+    data = _success(body, what)
+    if data.get("resultType") != "matrix":
+        raise PrometheusImportError(f"{what}: expected a matrix, got resultType {data.get('resultType')!r}")
+    result = data.get("result") or []
+    for series in result:
+        series["values"] = [point for point in series.get("values") or [] if float(point[0]) >= start]
+    return result, body.get("warnings") or []
+
+
 def _query_range(
     http: httpx.Client,
     url: str,
@@ -197,6 +242,15 @@ def _query_range(
     endpoint = url.rstrip("/") + "/api/v1/query_range"
     what = f"query_range {selector!r} from {_when(window[0])} to {_when(window[1])} at {public_url}"
     form = {"query": selector, "start": f"{window[0]:.3f}", "end": f"{window[1]:.3f}", "step": f"{step:.3f}"}
+    body = _post(http, endpoint, form, what)
+    data = _success(body, what)
+    if data.get("resultType") != "matrix":
+        raise PrometheusImportError(f"{what}: expected a matrix, got resultType {data.get('resultType')!r}")
+    return data.get("result") or [], body.get("warnings") or []
+
+
+def _post(http: httpx.Client, endpoint: str, form: dict[str, str], what: str) -> dict:
+    """One API request's JSON body (with the response kept for errors), or an error that says what failed."""
     try:
         response = http.post(endpoint, data=form)
     except httpx.TimeoutException as error:
@@ -207,12 +261,19 @@ def _query_range(
         body = response.json()
     except ValueError:
         body = None
-    if not isinstance(body, dict) or response.status_code != 200 or body.get("status") != "success":
+    if not isinstance(body, dict):
         raise PrometheusImportError(f"{what}: {_failure(response, body)}")
-    data = body.get("data") or {}
-    if data.get("resultType") != "matrix":
-        raise PrometheusImportError(f"{what}: expected a matrix, got resultType {data.get('resultType')!r}")
-    return data.get("result") or [], body.get("warnings") or []
+    if response.status_code != 200 or body.get("status") != "success":
+        body.setdefault("status", "error")
+        body["_failure"] = _failure(response, body)
+    return body
+
+
+def _success(body: dict, what: str) -> dict:
+    """The `data` of a successful answer; a failed one is an error naming the request and Prometheus' reason."""
+    if "_failure" in body:
+        raise PrometheusImportError(f"{what}: {body['_failure']}")
+    return body.get("data") or {}
 
 
 def _failure(response: httpx.Response, body: object) -> str:

@@ -203,21 +203,37 @@ def key(target: str, name: str, kind: str, normalized: bool, **labels: str) -> t
     return (target, "prometheus", name, kind, normalized, tuple(sorted(labels.items())))
 
 
-def test_a_window_prometheus_refuses_whole_is_imported_in_chunks(prom, db):
-    """30,001 points at 10 ms: one request is refused (11,000 points at most), three chunks are not."""
+def test_a_window_prometheus_refuses_whole_is_imported_in_chunks_of_raw_samples(prom, db):
+    """At a 10 ms step the window is 30,001 steps: query_range refuses it whole (11,000 points at most) and would
+    return 30,001 step-aligned points; the import asks three chunks for their raw samples: the six there are."""
     start, end, step = prom.t0, prom.t0 + 300, 0.01
     whole = httpx.post(f"{prom.url}/api/v1/query_range", data={"query": PUT, "start": start, "end": end, "step": step})
     assert whole.status_code == 400 and "11,000 points" in whole.json()["error"]
 
     summary = import_prometheus(db, prom.url, [PUT], start, end, step, run_name="fine")
 
-    assert summary.requests == 3
+    assert summary.requests == 3 and not summary.warnings
     points = next(iter(rows(db, "fine").values()))
-    assert summary.samples == len(points) == 30_001 == len({ts for ts, _ in points})
-    assert points[0] == (prom.t0, 100) and points[1] == (pytest.approx(prom.t0 + 0.01), 100)
-    assert points[-1] == (prom.t0 + 300, 30) and sorted({value for _, value in points}) == [10, 20, 30, 100, 200, 300]
+    assert points == [(prom.t0 + i * STEP, value) for i, value in enumerate((100, 200, 300, 10, 20, 30))]
     batches = run_sql(db.con, "SELECT count(*) FROM batches WHERE run_id = ?", [db.run("fine").run_id])
     assert batches == [(3,)]  # one flush per chunk
+
+
+def test_a_step_longer_than_the_scrape_interval_loses_no_increase(prom, db):
+    """Samples 60 s apart with a reset after 300: at a 180 s step query_range sees 100, 10 and misses 200 -> 300 and
+    20 -> 30 (an increase of 10 instead of 230); the raw samples give all of it."""
+    summary = import_prometheus(db, prom.url, [PUT], prom.t0, prom.t0 + 5 * STEP, 3 * STEP, run_name="coarse")
+    points = next(iter(rows(db, "coarse").values()))
+    assert summary.samples == 6 and [value for _, value in points] == [100, 200, 300, 10, 20, 30]
+    form = {"query": PUT, "start": prom.t0, "end": prom.t0 + 5 * STEP, "step": 3 * STEP}
+    stepped = httpx.post(f"{prom.url}/api/v1/query_range", data=form).json()
+    assert [float(v) for _, v in stepped["data"]["result"][0]["values"]] == [100, 10]
+
+
+def test_an_expression_is_read_step_aligned_and_the_summary_says_so(prom, db):
+    summary = import_prometheus(db, prom.url, [f"sum({PUT})"], **window(prom), run_name="expression")
+    assert summary.samples == 6
+    assert any("is an expression, not a series selector" in warning for warning in summary.warnings)
 
 
 def test_a_series_two_selectors_match_is_imported_once(prom, db):
@@ -283,7 +299,7 @@ def test_prometheus_error_is_reported_and_no_run_is_left(prom, db):
     with pytest.raises(PrometheusImportError) as failure:
         import_prometheus(db, prom.url, ["kv_store_put_bytes_total{"], **window(prom), run_name="bad")
     message = str(failure.value)
-    assert "query_range 'kv_store_put_bytes_total{'" in message and prom.url in message
+    assert "query 'kv_store_put_bytes_total{" in message and prom.url in message
     assert "HTTP 400 Bad Request: bad_data:" in message and "parse error" in message
     assert db.find_run("bad") is None
 
