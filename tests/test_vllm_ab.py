@@ -100,8 +100,15 @@ def test_real_vllm_and_mooncake_collapse_where_the_planner_says(real_stack, tmp_
     data = json.loads(out.read_text())
     jsonschema.validate(data, json.loads((ROOT / "tierstore" / "ab_result.schema.json").read_text()))
     dram_only, tiered = data["arms"]["dram_only"], data["arms"]["tiered"]
-    table = [(r["round"], r["ideal_hit_ratio"], r["hit_ratio"], t["hit_ratio"], r["late_s"], r["connector_failed_keys"])
-             for r, t in zip(dram_only["rounds"], tiered["rounds"], strict=True)]  # fmt: skip
+    table = (
+        "round, ideal, DRAM-only, tiered hit ratio, late s, failed keys:\n"
+        + "\n".join(
+            f"{r['round']} {r['ideal_hit_ratio']:.3f} {r['hit_ratio']:.3f} {t['hit_ratio']:.3f} {r['late_s']:.2f}/"
+            f"{t['late_s']:.2f} {r['connector_failed_keys']}/{t['connector_failed_keys']}"
+            for r, t in zip(dram_only["rounds"], tiered["rounds"], strict=True)
+        )
+        + f"\ntiered connector codes {tiered['engine']['connector_failure_codes']}"
+    )  # a string: pytest cuts a list short
 
     predicted = dram_only["prediction"]["collapse_round"]
     assert predicted is not None and abs(dram_only["observed_collapse_round"] - predicted) <= 1, table
