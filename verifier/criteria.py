@@ -611,60 +611,76 @@ def _check_input(db: Database, criterion: _Criterion, run: Run, metric: Metric, 
 def _check_coverage(db: Database, criterion: _Criterion, run: Run, series_ids: list[int]) -> None:
     """Each series spans the run, or the criterion cannot judge it (an input error naming the series and the gap).
 
-    A series' scrape interval is the median interval between its own samples. It misses at most
-    `max_missed_scrapes` of them in a row; a gauge is there from its target's first scrape (a counter may be born
-    during the run: it counts from zero) and every series to its target's last; and its target starts and stops
-    within `max_missed_scrapes` + 1 intervals of the run's own first and last scrape (a target that went silent
-    mid-run, or joined late, covers only part of it). Only the checked series' samples are read; targets' and the
-    run's spans come from the chunk summaries, so the check stays cheap in a run of millions of samples."""
+    A scrape is a time at which the series' target answered: a recorder stamps every series of a scrape with one
+    time, so the target's series with the most samples has them all, and only its samples and the checked ones'
+    are read. Misses count scrapes, not seconds (an A/B is scraped per round, however long a round takes); the
+    run's scrape interval, for the targets' ends, is the median interval between them. A series misses at most
+    `max_missed_scrapes` of its target's scrapes in a row, between its target's first and last; a gauge also from
+    its target's first scrape (a counter may be born during the run: it counts from zero) and to its last; and
+    the target starts and stops within `max_missed_scrapes` + 1 of the run's intervals of the run's own first and
+    last scrape (a target that went silent mid-run, or joined late, covers only part of it)."""
     allowed = criterion.max_missed_scrapes  # type: ignore[attr-defined]  # every criterion that needs coverage has it
     ids = ", ".join(map(str, series_ids))
     rows = run_sql(
         db.con,
         f"""WITH
-points AS (
-    SELECT series_id, ts, ts - lag(ts) OVER (PARTITION BY series_id ORDER BY ts) AS step
-    FROM samples WHERE series_id IN ({ids})
+checked AS (SELECT DISTINCT target FROM series WHERE series_id IN ({ids})),
+counts AS (
+    SELECT s.target, s.series_id, sum(c.samples) AS samples
+    FROM sample_chunks c JOIN series s USING (series_id)
+    WHERE s.run_id = {run.run_id} AND s.target IN (SELECT target FROM checked) GROUP BY s.target, s.series_id
 ),
-own AS (
-    SELECT series_id, min(ts) AS first_ts, max(ts) AS last_ts, median(step) AS interval, max(step) AS longest,
-           arg_max(ts - step, step) AS gap_from, arg_max(ts, step) AS gap_to
-    FROM points GROUP BY series_id
+reference AS (  -- per target, the series with the most samples: its times are the target's scrapes
+    SELECT target, arg_max(series_id, samples) AS series_id FROM counts GROUP BY target
 ),
-targets AS (
-    SELECT s.target, min(c.first_ts) AS first_ts, max(c.last_ts) AS last_ts
-    FROM sample_chunks c JOIN series s USING (series_id) WHERE s.run_id = {run.run_id} GROUP BY s.target
+ranked AS (
+    SELECT r.target, x.ts, row_number() OVER (PARTITION BY r.target ORDER BY x.ts) AS k,
+           x.ts - lag(x.ts) OVER (PARTITION BY r.target ORDER BY x.ts) AS step
+    FROM samples x JOIN reference r USING (series_id)
 ),
-run_span AS (SELECT min(first_ts) AS first_ts, max(last_ts) AS last_ts FROM targets)
-SELECT s.target, s.kind, s.labels, o.interval, o.longest, o.gap_from, o.gap_to, o.first_ts - t.first_ts,
-       t.last_ts - o.last_ts, t.first_ts - r.first_ts, r.last_ts - t.last_ts
-FROM series s JOIN own o USING (series_id) JOIN targets t USING (target), run_span r
+targets AS (SELECT target, min(ts) AS first_ts, max(ts) AS last_ts, count(*) AS scrapes FROM ranked GROUP BY target),
+run_span AS (  -- the run's first and last scrape, of any target, from the chunk summaries
+    SELECT min(c.first_ts) AS first_ts, max(c.last_ts) AS last_ts, (SELECT median(step) FROM ranked) AS interval
+    FROM sample_chunks c JOIN series s USING (series_id) WHERE s.run_id = {run.run_id}
+),
+present AS (
+    SELECT x.series_id, r.k, r.ts, lag(r.k) OVER (PARTITION BY x.series_id ORDER BY r.k) AS prev_k,
+           lag(r.ts) OVER (PARTITION BY x.series_id ORDER BY r.k) AS prev_ts
+    FROM samples x JOIN series s USING (series_id) JOIN ranked r ON r.target = s.target AND r.ts = x.ts
+    WHERE x.series_id IN ({ids})
+),
+per_series AS (
+    SELECT series_id, min(k) AS first_k, max(k) AS last_k, max(k - prev_k - 1) AS missed,
+           arg_max(prev_ts, k - prev_k) AS gap_from, arg_max(ts, k - prev_k) AS gap_to
+    FROM present GROUP BY series_id
+)
+SELECT s.series_id, s.target, s.kind, s.labels, p.first_k, p.last_k, coalesce(p.missed, 0), p.gap_from, p.gap_to,
+       t.scrapes, t.first_ts - r.first_ts, r.last_ts - t.last_ts, r.interval
+FROM series s JOIN per_series p USING (series_id) JOIN targets t USING (target), run_span r
 ORDER BY s.series_id""",
     )
     where = f"criterion {criterion.name!r}: run {run.name!r}"
-    for target, kind, labels, interval, longest, gap_from, gap_to, late, early, target_late, target_early in rows:
-        if not interval:
-            continue  # two samples at one time: the delta check says what is wrong with such a series
+    for (_, target, kind, labels, first_k, last_k, missed, gap_from, gap_to, scrapes, late, early,
+         interval) in rows:  # fmt: skip
         series = f"series {target} {labels}"
-        missed, joined, left = (round(seconds / interval) for seconds in (longest - interval, late, early))
         if missed > allowed:
             raise CriteriaError(
-                f"{where}: {series} has no samples for {missed} scrapes in a row (from {gap_from:.3f} to "
-                f"{gap_to:.3f}, {interval:g} s apart): it does not cover the run (at most {allowed} may be missed)"
+                f"{where}: {series} has no samples for {missed} scrapes of its target in a row "
+                f"(from {gap_from:.3f} to {gap_to:.3f}): it does not cover the run (at most {allowed} may be missed)"
             )
-        if kind != "counter" and joined > allowed:
+        if kind != "counter" and first_k - 1 > allowed:
             raise CriteriaError(
-                f"{where}: {series} first appears {joined} scrapes after its target's first: a gauge that joined "
-                "the run late says nothing of what happened before it"
+                f"{where}: {series} first appears at scrape {first_k} of its target: a gauge that joined the run late "
+                "says nothing of what happened before it"
             )
-        if left > allowed:
-            raise CriteriaError(f"{where}: {series} stops {left} scrapes before its target's last one")
-        if max(target_late, target_early) > (allowed + 1) * interval:
-            edge = "starts" if target_late >= target_early else "stops"
+        if scrapes - last_k > allowed:
+            raise CriteriaError(f"{where}: {series} stops {scrapes - last_k} scrapes before its target's last one")
+        if interval and max(late, early) > (allowed + 1) * interval:
+            edge = "starts" if late >= early else "stops"
             raise CriteriaError(
-                f"{where}: target {target} {edge} {max(target_late, target_early):.3f} s "
-                f"{'after' if edge == 'starts' else 'before'} the run's {'first' if edge == 'starts' else 'last'} "
-                f"scrape ({interval:g} s apart): it covers only part of the run"
+                f"{where}: target {target} {edge} {max(late, early):.3f} s {'after' if edge == 'starts' else 'before'}"
+                f" the run's {'first' if edge == 'starts' else 'last'} scrape ({interval:.3f} s apart): it covers "
+                "only part of the run"
             )
 
 

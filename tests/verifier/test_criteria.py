@@ -326,7 +326,7 @@ def test_a_gauge_that_appears_mid_run_already_allocated_cannot_pass(recording):
     """First seen at 50 s with 64 MB allocated: a zero delta from there on says nothing of the first 50 s."""
     a_100_s_run(recording)
     recording.add("a", "kv.tier.allocated.bytes", [64e6] * 50, kind="gauge", start=1050.0, tier="nof")
-    with pytest.raises(CriteriaError, match="first appears 50 scrapes after its target's first: a gauge that joined"):
+    with pytest.raises(CriteriaError, match="first appears at scrape 51 of its target: a gauge that joined"):
         judge(recording, NOF_IDLE, ("a",))
 
 
@@ -334,7 +334,9 @@ def test_a_series_with_a_gap_longer_than_the_bound_is_named_with_the_gap(recordi
     a_100_s_run(recording)
     recording.add("a", "kv.tier.allocated.bytes", [0.0] * 20, kind="gauge", tier="nof")
     recording.add("a", "kv.tier.allocated.bytes", [0.0] * 69, kind="gauge", start=1031.0, tier="nof")
-    with pytest.raises(CriteriaError, match=r"no samples for 11 scrapes in a row \(from 1019\.000 to 1031\.000"):
+    with pytest.raises(
+        CriteriaError, match=r"no samples for 11 scrapes of its target in a row \(from 1019\.000 to 1031\.000"
+    ):
         judge(recording, NOF_IDLE, ("a",))
     loose = {**NOF_IDLE, "max_missed_scrapes": 11}  # a bound the criterion states
     assert judge(recording, loose, ("a",)).passed
