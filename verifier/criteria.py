@@ -490,6 +490,11 @@ class CriteriaFile(_Strict):
         description="names a criterion's strings refer to as {name} (e.g. a tier), with their defaults; "
         "`kvscope verify --param name=value` binds another value. Holds the values bound.",
     )
+    arms: dict[str, str] = Field(
+        default_factory=dict,
+        description="role -> the arm label its run must carry (`kvscope ab run` labels each run with its arm, "
+        "`kvscope record --arm` a cluster's): runs bound to the wrong roles are refused",
+    )
     criteria: list[Criterion] = Field(min_length=1)
 
     @model_validator(mode="after")
@@ -497,6 +502,9 @@ class CriteriaFile(_Strict):
         names = [criterion.name for criterion in self.criteria]
         if len(set(names)) != len(names):
             raise ValueError(f"criterion names must be unique, got {names}")
+        unknown_arms = [role for role in self.arms if role not in self.runs]
+        if unknown_arms:
+            raise ValueError(f"arms names role {unknown_arms[0]!r}, not one of {self.runs}")
         for criterion in self.criteria:
             unknown = [role for role in criterion.roles() if role not in self.runs]
             if unknown:
@@ -516,7 +524,14 @@ class CriteriaFile(_Strict):
             raise CriteriaError(
                 f"run {repeated[0]!r} is bound to roles {' and '.join(roles)}: each role needs a run of its own"
             )
-        return {role: db.run(name) for role, name in zip(self.runs, run_names, strict=True)}
+        runs = {role: db.run(name) for role, name in zip(self.runs, run_names, strict=True)}
+        for role, arm in self.arms.items():
+            if runs[role].arm != arm:
+                raise CriteriaError(
+                    f"role {role} needs a run of arm {arm!r}; run {runs[role].name!r} is of arm {runs[role].arm!r} "
+                    "(are the --run arguments in the criteria's order?)"
+                )
+        return runs
 
 
 def load_criteria(path: Path, params: Mapping[str, str] | None = None) -> CriteriaFile:

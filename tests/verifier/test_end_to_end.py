@@ -151,3 +151,15 @@ def test_a_run_that_never_finished_is_refused_unless_allowed_and_then_its_verdic
     assert "run 'media/tiered' never finished" in save["summary"]
     assert save["runs"]["tiered"]["finished"] is False and save["runs"]["dram_only"]["finished"] is True
     assert save["runs"]["dram_only"]["origin"] == "ab" and len(save["runs"]["dram_only"]["config_sha256"]) == 64
+
+
+def test_runs_given_in_the_wrong_order_are_refused_by_their_arm_labels(tmp_path):
+    """media.yaml's roles must be bound to runs of those arms: swapped --run arguments would make save parity
+    compare the right numbers the wrong way round and nof_delta_zero judge the tiered arm's NoF."""
+    db = record(tmp_path, scenario({"attached": [NOF]}))
+    swapped = runner.invoke(app, ["verify", "--db", str(db), "--criteria", str(MEDIA),
+                                  "--run", "media/tiered", "--run", "media/dram_only"])  # fmt: skip
+    assert swapped.exit_code == 2
+    assert "role dram_only needs a run of arm 'dram_only'; run 'media/tiered' is of arm 'tiered'" in " ".join(
+        swapped.output.split()
+    )
