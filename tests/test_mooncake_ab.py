@@ -136,7 +136,15 @@ def test_media_criteria_pass_on_real_mooncake_metrics_and_catch_a_planted_write(
     )
     assert verify(no_collapse, "dram_only", "tiered", params=()).exit_code == 0
 
-    caught = verify(CRITERIA, "planted", "tiered")
+    # Bound as the DRAM-only run, the planted arm is refused by its arm label; a forger who labelled it dram_only
+    # (here: the criteria without their arm labels) is caught by what it wrote
+    refused = verify(CRITERIA, "planted", "tiered")
+    assert refused.exit_code == 2 and "is of arm 'planted'" in " ".join(refused.output.split())
+    unlabelled = tmp_path / "media_without_arms.yaml"
+    unlabelled.write_text(
+        yaml.safe_dump({k: v for k, v in yaml.safe_load(CRITERIA.read_text()).items() if k != "arms"})
+    )
+    caught = verify(unlabelled, "planted", "tiered")
     assert caught.exit_code == 1, caught.output
     verdicts = json.loads((tmp_path / "verdicts.json").read_text())["verdicts"]
     outcome = {v["document"]["criterion"]["name"]: v["document"]["passed"] for v in verdicts}
