@@ -218,16 +218,11 @@ def _query_raw(
     first_ms, last_ms, step_ms = round(window[0] * 1000), round(window[1] * 1000), round(step * 1000)
     query = f"{selector}[{last_ms - first_ms + step_ms}ms]"
     what = f"query {query!r} at {_when(window[1])} at {public_url}"
-    body = _post(http, url.rstrip("/") + "/api/v1/query", {"query": query, "time": f"{window[1]:.3f}"}, what)
-    if body.get("status") != "success" and body.get("errorType") == "bad_data" and "range" in str(body.get("error")):
-        raise _NotASeriesSelector
-    data = _success(body, what)
-    if data.get("resultType") != "matrix":
-        raise PrometheusImportError(f"{what}: expected a matrix, got resultType {data.get('resultType')!r}")
-    result = data.get("result") or []
+    form = {"query": query, "time": f"{window[1]:.3f}"}
+    result, warnings = _matrix(http, url.rstrip("/") + "/api/v1/query", form, what, refused_range=True)
     for series in result:
         series["values"] = [point for point in series.get("values") or [] if float(point[0]) >= start]
-    return result, body.get("warnings") or []
+    return result, warnings
 
 
 def _query_range(
@@ -242,15 +237,14 @@ def _query_range(
     endpoint = url.rstrip("/") + "/api/v1/query_range"
     what = f"query_range {selector!r} from {_when(window[0])} to {_when(window[1])} at {public_url}"
     form = {"query": selector, "start": f"{window[0]:.3f}", "end": f"{window[1]:.3f}", "step": f"{step:.3f}"}
-    body = _post(http, endpoint, form, what)
-    data = _success(body, what)
-    if data.get("resultType") != "matrix":
-        raise PrometheusImportError(f"{what}: expected a matrix, got resultType {data.get('resultType')!r}")
-    return data.get("result") or [], body.get("warnings") or []
+    return _matrix(http, endpoint, form, what)
 
 
-def _post(http: httpx.Client, endpoint: str, form: dict[str, str], what: str) -> dict:
-    """One API request's JSON body (with the response kept for errors), or an error that says what failed."""
+def _matrix(
+    http: httpx.Client, endpoint: str, form: dict[str, str], what: str, refused_range: bool = False
+) -> tuple[list[dict], list[str]]:
+    """One API request answered with a matrix: its series and Prometheus' warnings, or an error that says what
+    failed. With `refused_range`, Prometheus refusing a range over the query raises _NotASeriesSelector."""
     try:
         response = http.post(endpoint, data=form)
     except httpx.TimeoutException as error:
@@ -261,19 +255,15 @@ def _post(http: httpx.Client, endpoint: str, form: dict[str, str], what: str) ->
         body = response.json()
     except ValueError:
         body = None
-    if not isinstance(body, dict):
+    if not isinstance(body, dict) or response.status_code != 200 or body.get("status") != "success":
+        answer = body if isinstance(body, dict) else {}
+        if refused_range and answer.get("errorType") == "bad_data" and "range" in str(answer.get("error")):
+            raise _NotASeriesSelector
         raise PrometheusImportError(f"{what}: {_failure(response, body)}")
-    if response.status_code != 200 or body.get("status") != "success":
-        body.setdefault("status", "error")
-        body["_failure"] = _failure(response, body)
-    return body
-
-
-def _success(body: dict, what: str) -> dict:
-    """The `data` of a successful answer; a failed one is an error naming the request and Prometheus' reason."""
-    if "_failure" in body:
-        raise PrometheusImportError(f"{what}: {body['_failure']}")
-    return body.get("data") or {}
+    data = body.get("data") or {}
+    if data.get("resultType") != "matrix":
+        raise PrometheusImportError(f"{what}: expected a matrix, got resultType {data.get('resultType')!r}")
+    return data.get("result") or [], body.get("warnings") or []
 
 
 def _failure(response: httpx.Response, body: object) -> str:
