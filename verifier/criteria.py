@@ -68,8 +68,6 @@ class _Criterion(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     description: str = ""
     summary_columns: ClassVar[tuple[str, ...]] = ()  # what a failure message shows of each failed row
-    # A delta judged over a run means something only if its series were scraped over the whole run (coverage)
-    needs_coverage: ClassVar[bool] = False
 
     @model_validator(mode="before")
     @classmethod
@@ -147,22 +145,27 @@ FROM totals"""
         return {"relative_tolerance": self.tolerance}
 
 
-class ZeroDelta(_Criterion):
-    """A metric did not move in one run: every series' delta is exactly zero (per series, so the evidence names
-    which one moved and by how much). Counters default to their increase, gauges to max - min ("never changed")."""
+class _CoveredDelta(_Criterion):
+    """A delta judged over a whole run, which means something only if its series were scraped over the whole run:
+    `evaluate` checks their coverage first (_check_coverage)."""
 
-    kind: Literal["zero_delta"]
-    summary_columns = ("target", "labels", "delta", "first_ts", "last_ts")
-    needs_coverage = True
-    metric: MetricField
-    run: str
-    measure: Measure | None = None
     max_missed_scrapes: int = Field(
         1,
         ge=0,
         description="coverage: how many scrapes of its target in a row a series may miss, and how many of the run's "
         "scrape intervals its target may start late or stop early",
     )
+
+
+class ZeroDelta(_CoveredDelta):
+    """A metric did not move in one run: every series' delta is exactly zero (per series, so the evidence names
+    which one moved and by how much). Counters default to their increase, gauges to max - min ("never changed")."""
+
+    kind: Literal["zero_delta"]
+    summary_columns = ("target", "labels", "delta", "first_ts", "last_ts")
+    metric: MetricField
+    run: str
+    measure: Measure | None = None
 
     def roles(self) -> list[str]:
         return [self.run]
@@ -185,24 +188,17 @@ FROM x ORDER BY target, labels"""
                 "max_missed_scrapes": self.max_missed_scrapes}  # fmt: skip
 
 
-class PositiveDelta(_Criterion):
+class PositiveDelta(_CoveredDelta):
     """Every tier (or other `group_by` label) of a run shows bytes written: increase > 0, and with
     `consistent_with` at least that metric's increase (physical writes cover the logical puts)."""
 
     kind: Literal["positive_delta"]
     summary_columns = ("written", "logical")
-    needs_coverage = True
     metric: MetricField = Metric(name="kv.tier.written.bytes")
     run: str
     group_by: str = "tier"
     expect: list[str] | None = Field(None, description="values of group_by that must all be present and positive")
     consistent_with: MetricField | None = None
-    max_missed_scrapes: int = Field(
-        1,
-        ge=0,
-        description="coverage: how many scrapes of its target in a row a series may miss, and how many of the run's "
-        "scrape intervals its target may start late or stop early",
-    )
 
     def roles(self) -> list[str]:
         return [self.run]
@@ -585,7 +581,7 @@ def evaluate(db: Database, criterion: _Criterion, runs: Mapping[str, Run]) -> Ou
     series_ids: list[int] = []
     for role, metric, needs_delta in criterion.reads():
         found = _check_input(db, criterion, runs[role], metric, needs_delta)
-        if criterion.needs_coverage:
+        if isinstance(criterion, _CoveredDelta):
             _check_coverage(db, criterion, runs[role], found)
         series_ids += found
     if isinstance(criterion, CounterResets) and criterion.metric is None:
@@ -623,7 +619,7 @@ def _check_input(db: Database, criterion: _Criterion, run: Run, metric: Metric, 
     return [series_id for series_id, _ in rows]
 
 
-def _check_coverage(db: Database, criterion: _Criterion, run: Run, series_ids: list[int]) -> None:
+def _check_coverage(db: Database, criterion: _CoveredDelta, run: Run, series_ids: list[int]) -> None:
     """Each series spans the run, or the criterion cannot judge it (an input error naming the series and the gap).
 
     A scrape is a time at which the series' target answered: a recorder stamps every series of a scrape with one
@@ -634,7 +630,7 @@ def _check_coverage(db: Database, criterion: _Criterion, run: Run, series_ids: l
     its target's first scrape (a counter may be born during the run: it counts from zero) and to its last; and
     the target starts and stops within `max_missed_scrapes` + 1 of the run's intervals of the run's own first and
     last scrape (a target that went silent mid-run, or joined late, covers only part of it)."""
-    allowed = criterion.max_missed_scrapes  # type: ignore[attr-defined]  # every criterion that needs coverage has it
+    allowed = criterion.max_missed_scrapes
     ids = ", ".join(map(str, series_ids))
     rows = run_sql(
         db.con,
