@@ -209,10 +209,7 @@ class Tier:
                 key, size = popitem(False)
                 freed += size
                 evicted.append(Evicted(key, size))
-            counters.allocated_bytes -= freed
-            counters.evictions += len(evicted)
-            counters.evicted_bytes += freed
-            return evicted
+            return self._count_evicted(evicted, freed)
         pop_victim, index = self.policy.pop_victim, self._index
 
         def victims() -> Iterator[tuple[Key, int]]:
@@ -237,6 +234,10 @@ class Tier:
                 data = backend.load(key) if keep_evicted else None
                 backend.drop(key)
             evicted.append(Evicted(key, size, data))
+        return self._count_evicted(evicted, freed)
+
+    def _count_evicted(self, evicted: list[Evicted], freed: int) -> list[Evicted]:
+        """Count blocks gone from the tier (`freed` bytes of them); returns them."""
         counters = self.counters
         counters.allocated_bytes -= freed
         counters.evictions += len(evicted)
