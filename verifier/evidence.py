@@ -248,14 +248,21 @@ def sign_bundle(bundle: Path, key_file: Path) -> str:
     return sha
 
 
+def _read_manifest(bundle: Path) -> dict:
+    """A bundle's evidence.json, with at least one verdict; anything else is an input error naming the file."""
+    try:
+        manifest = json.loads((bundle / MANIFEST).read_text())
+        verdicts = manifest["verdicts"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise VerifierError(f"{bundle / MANIFEST}: not a kvscope evidence file: {error!r}") from None
+    if not isinstance(verdicts, list) or not verdicts:
+        raise VerifierError(f"{bundle / MANIFEST}: no verdicts to check")
+    return manifest
+
+
 def _recorded_digest(bundle: Path) -> str:
     """The bundle's digest as recomputed from its evidence.json (a bundle that does not match it is refused)."""
-    try:
-        document = json.loads((bundle / MANIFEST).read_text())
-    except (OSError, ValueError) as error:
-        raise VerifierError(f"{bundle / MANIFEST}: not a kvscope evidence file: {error}") from None
-    if not isinstance(document, dict):
-        raise VerifierError(f"{bundle / MANIFEST}: not a kvscope evidence file")
+    document = _read_manifest(bundle)
     sha = bundle_digest(document)
     if document.get("bundle_digest") != sha:
         raise VerifierError(f"{bundle / MANIFEST}: its bundle_digest does not match its content: not signing it")
@@ -289,13 +296,8 @@ def check_bundle(bundle: Path, expect_digest: str | None = None, public_key: Pat
     for name in (MANIFEST, SAMPLES, CHUNKS):
         if not (bundle / name).is_file():
             raise VerifierError(f"{bundle}: not an evidence bundle: {name} is missing")
-    try:
-        manifest = json.loads((bundle / MANIFEST).read_text())
-        verdicts = manifest["verdicts"]
-    except (ValueError, KeyError, TypeError) as error:
-        raise VerifierError(f"{bundle / MANIFEST}: not a kvscope evidence file: {error!r}") from None
-    if not isinstance(verdicts, list) or not verdicts:
-        raise VerifierError(f"{bundle / MANIFEST}: no verdicts to check")
+    manifest = _read_manifest(bundle)
+    verdicts = manifest["verdicts"]
     report = CheckReport(digest=bundle_digest(manifest))
     if manifest.get("bundle_digest") != report.digest:
         report.problems.append(
