@@ -48,7 +48,9 @@ from pathlib import Path
 
 import httpx
 import yaml
-from localhost import free_port, wait_for
+from localhost import wait_for
+
+from kvscope.processes import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 LONG_OUTPUT = ROOT / "examples" / "long_output.yaml"

@@ -1,21 +1,15 @@
-"""What the bench scripts share for their servers on 127.0.0.1: a free port, and waiting for a server to come up.
+"""What the bench scripts share for their servers on 127.0.0.1: waiting for a server to come up (a free port is
+kvscope.processes.free_port).
 
 The scripts run as `python bench/<script>.py`, so this folder is sys.path[0] and they import it as `localhost`.
 """
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable
 
 import httpx
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_for(check: Callable[[], bool], what: str, seconds: float) -> None:

@@ -33,12 +33,13 @@ import time
 from pathlib import Path
 
 import httpx
-from localhost import free_port, wait_for
+from localhost import wait_for
 from prometheus_client import REGISTRY, generate_latest
 
 from kvscope.exporters.config import ExporterSettings, parse_config
 from kvscope.exporters.otel import TelemetryBridge
 from kvscope.exporters.scrape import Scraper
+from kvscope.processes import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"

@@ -75,9 +75,10 @@ from statistics import median
 import duckdb
 import httpx
 import numpy as np
-from localhost import free_port, wait_for
+from localhost import wait_for
 
 from kvscope.model import INSTRUMENTS, prometheus_name
+from kvscope.processes import free_port
 from kvscope.samples import Labels, Sample, labels_of
 from kvscope.verifier.criteria import CriteriaFile, Outcome, Parity, evaluate, load_criteria
 from kvscope.verifier.db import Database, SampleWriter

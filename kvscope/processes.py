@@ -13,8 +13,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -27,11 +28,24 @@ class ProcessError(RuntimeError):
     """A process kvscope started failed to start or died; the message names it and ends with its log's tail."""
 
 
+_handed_out: set[int] = set()  # every port free_port gave this process
+_handed_out_lock = threading.Lock()
+FREE_PORT_TRIES = 1000
+
+
 def free_port(host: str = HOST) -> int:
-    """A TCP port of `host` that nothing listens on just now."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    """A TCP port of `host` that nothing listens on just now and that this process has not been given before: the
+    kernel soon hands a port that was just closed out again, and two servers started at once on one port both
+    listen and split its connections between them (two A/B arms talking to one engine)."""
+    with _handed_out_lock:
+        for _ in range(FREE_PORT_TRIES):
+            with socket.socket() as sock:
+                sock.bind((host, 0))
+                port = sock.getsockname()[1]
+            if port not in _handed_out:
+                _handed_out.add(port)
+                return port
+    raise ProcessError(f"no port of {host} that kvscope has not used already in {FREE_PORT_TRIES} tries")
 
 
 def port_listens(port: int, host: str = HOST) -> bool:
@@ -124,6 +138,25 @@ class OwnedProcess:
         return sorted({s for pid in [self.pid, *_descendants(self.pid)] for s in listening_sockets(pid)},
                       key=lambda listener: (listener.port, listener.address))  # fmt: skip
 
+    def wait_listening(self, port: int, timeout_s: float) -> None:
+        """Until this process (or one it started) listens on `port`; ProcessError as soon as it has exited, or when
+        a process kvscope did not start listens there too (a port is free only until someone binds it, and two
+        sockets bound before either listens may both listen), rather than talk to that process unawares."""
+
+        def listens() -> bool:
+            holders = port_listeners(port)  # before our sockets: a socket of ours that shows up in between is ours
+            if not holders:
+                return False
+            ours = {inode for pid in [self.pid, *_descendants(self.pid)] for inode in _socket_inodes(pid)}
+            if holders - ours:
+                raise ProcessError(
+                    f"{self.name}: port {port}, handed out as free, is listened on by another process too\n"
+                    f"{self.tail()}"
+                )
+            return True
+
+        wait_until(listens, f"{self.name} to listen on port {port}", timeout_s, [self])
+
     def peak_rss_bytes(self) -> int | None:
         """The most resident memory the process has had (the kernel's VmHWM); None once it is gone."""
         return _peak_rss(self.pid)
@@ -200,7 +233,17 @@ def listening_sockets(pid: int) -> list[Listener]:
     inodes = _socket_inodes(pid)
     if not inodes:
         return []
-    found = []
+    found = {listener for listener, inode in _listen_table() if inode in inodes}
+    return sorted(found, key=lambda listener: listener.port)
+
+
+def port_listeners(port: int) -> set[str]:
+    """The socket inodes that listen on TCP `port` (any address), whichever process holds them."""
+    return {inode for listener, inode in _listen_table() if listener.port == port}
+
+
+def _listen_table() -> Iterator[tuple[Listener, str]]:
+    """Every listening TCP socket of this network namespace and its inode, from /proc/net/tcp{,6}."""
     for table, family in (("/proc/net/tcp", socket.AF_INET), ("/proc/net/tcp6", socket.AF_INET6)):
         try:
             lines = Path(table).read_text().splitlines()[1:]
@@ -208,10 +251,9 @@ def listening_sockets(pid: int) -> list[Listener]:
             continue
         for line in lines:
             fields = line.split()
-            if len(fields) > 9 and fields[3] == _LISTEN and fields[9] in inodes:
+            if len(fields) > 9 and fields[3] == _LISTEN:
                 address, port = fields[1].split(":")
-                found.append(Listener(_address(address, family), int(port, 16)))
-    return sorted(set(found), key=lambda listener: listener.port)
+                yield Listener(_address(address, family), int(port, 16)), fields[9]
 
 
 def _peak_rss(pid: int) -> int | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -24,8 +25,9 @@ from support.proctree import alive, cmdline, descendants
 from typer.testing import CliRunner, Result
 
 from kvscope.cli import app
-from kvscope.processes import listening_sockets, port_listens
-from kvscope.tierstore.mooncake import mooncake_missing
+from kvscope.processes import HOST, ProcessError, listening_sockets, port_listens
+from kvscope.tierstore.mooncake import MooncakeArm, mooncake_missing
+from kvscope.tierstore.scenario import load_scenario
 
 EXAMPLES = Path(__file__).parents[1] / "examples"
 CRITERIA = Path(__file__).parents[1] / "criteria" / "media.yaml"
@@ -197,3 +199,19 @@ def test_sigkill_of_ab_run_leaves_no_mooncake_process_and_no_port(real_mooncake,
         if kvscope.poll() is None:
             os.kill(kvscope.pid, signal.SIGKILL)
             kvscope.wait(10)
+
+
+def test_an_arm_whose_master_port_another_process_holds_fails_naming_it(real_mooncake):
+    """A master that cannot bind its RPC port serves /metrics for a moment and exits; meanwhile whoever holds the
+    port answers there. The arm fails to start, naming the port, rather than hand its client someone else's."""
+    arm = load_scenario(EXAMPLES / "mooncake_dram_vs_ssd.yaml").runnable_arms["dram_only"]
+    processes = MooncakeArm(arm, block_bytes=256 * 1024, system="held-port")
+    with socket.socket() as taken:
+        taken.bind((HOST, processes.ports["rpc"]))
+        taken.listen()
+        try:
+            with pytest.raises(ProcessError, match=f"mooncake_master: port {processes.ports['rpc']}, handed out"):
+                processes.start()
+        finally:
+            processes.close()
+    assert not [process for process in processes.processes if process.alive()]

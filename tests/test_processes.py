@@ -1,14 +1,17 @@
 """kvscope's own processes: a program run under `kvscope.procguard --group` (vLLM's server, which starts processes
-of its own) stops with its whole group when kvscope stops it, as soon as it has ended."""
+of its own) stops with its whole group when kvscope stops it, as soon as it has ended; the ports they are given are
+theirs alone, and a server counts as listening only on a socket of its own."""
 
 from __future__ import annotations
 
+import socket
 import sys
 import time
 
+import pytest
 from support.proctree import alive, descendants
 
-from kvscope.processes import OwnedProcess
+from kvscope.processes import HOST, OwnedProcess, ProcessError, free_port
 from kvscope.procguard import GRACE_S
 
 # a program that starts a process of its own and ends on SIGTERM
@@ -28,3 +31,47 @@ def test_a_stopped_group_ends_when_its_program_does_not_after_the_grace(tmp_path
     # supervisor that sat out its grace period took GRACE_S (it once did, for every vLLM server stopped)
     assert time.monotonic() - started < GRACE_S / 4
     assert not [pid for pid in [process.pid, *group] if alive(pid)]
+
+
+def test_free_port_never_hands_out_a_port_twice():
+    # the kernel soon reuses a port just closed: two arms once were given one port, and both of their servers
+    # listened on it, so each arm's requests and scrapes reached either engine
+    ports = [free_port() for _ in range(3000)]
+    assert len(set(ports)) == len(ports)
+
+
+# a program that starts one that listens on the port in argv[1]
+PARENT_OF_A_LISTENER = (
+    "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
+    '\'import socket, sys, time; s = socket.socket(); s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(); '
+    "time.sleep(60)', sys.argv[1]]); time.sleep(60)"
+)
+
+
+def test_wait_listening_finds_the_socket_of_a_process_the_program_started(tmp_path):
+    port = free_port()
+    argv = [sys.executable, "-c", PARENT_OF_A_LISTENER, str(port)]
+    process = OwnedProcess("parent", argv, tmp_path / "log", group=True)
+    try:
+        process.wait_listening(port, timeout_s=20)
+    finally:
+        process.stop()
+
+
+def test_wait_listening_refuses_a_port_that_another_process_listens_on(tmp_path):
+    port = free_port()
+    process = OwnedProcess("sleeper", ["sleep", "60"], tmp_path / "log")
+    try:
+        with socket.socket() as taken:  # someone took the port between free_port and the program's bind
+            taken.bind((HOST, port))
+            taken.listen()
+            with pytest.raises(ProcessError, match=f"sleeper: port {port}, handed out as free, is listened on by"):
+                process.wait_listening(port, timeout_s=20)
+    finally:
+        process.stop()
+
+
+def test_wait_listening_ends_when_the_program_exits(tmp_path):
+    process = OwnedProcess("quitter", [sys.executable, "-c", "raise SystemExit(3)"], tmp_path / "log")
+    with pytest.raises(ProcessError, match="quitter exited with status 3"):
+        process.wait_listening(free_port(), timeout_s=20)

@@ -55,7 +55,6 @@ from kvscope.processes import (
     free_port,
     listening_sockets,
     owned_directory,
-    port_listens,
     wait_until,
 )
 from kvscope.tierstore import scenario as spec
@@ -191,9 +190,11 @@ class MooncakeArm:
             [_binary("mooncake_http_metadata_server") or "mooncake_http_metadata_server", "--host", HOST,
              "--port", str(self.ports["metadata"]), "--log-level", "WARNING"],
         )  # fmt: skip
-        wait_until(lambda: port_listens(self.ports["metadata"]), "the metadata server's port", timeout, [metadata])
+        metadata.wait_listening(self.ports["metadata"], timeout)
         master = self._spawn("mooncake_master", self.master_argv())
-        wait_until(lambda: port_listens(self.ports["rpc"]), "mooncake_master's RPC port", timeout, [master])
+        # its metrics listen first: a master whose RPC port is taken serves /metrics for a moment before it exits
+        master.wait_listening(self.ports["rpc"], timeout)
+        master.wait_listening(self.ports["metrics"], timeout)
         wait_until(lambda: _http_ok(self.master_url), "mooncake_master's /metrics", timeout, [master])
         if self.ssd:
             (self.workdir / "ssd").mkdir()  # always empty: a reused directory would be re-scanned
@@ -220,6 +221,7 @@ class MooncakeArm:
         ready = self._answer(timeout)
         if ready.get("setup") != 0 or ready.get("register") != 0:
             raise MooncakeError(f"the store client's setup failed: {ready}\n{self.client.tail()}")
+        self.client.wait_listening(self.ports["client_http"], timeout)
         wait_until(lambda: _http_ok(self.client_url), "the store client's /metrics", timeout, [self.client, master])
         self.listening = {process.name: [str(s) for s in listening_sockets(process.pid)] for process in self.processes}
 
@@ -387,6 +389,8 @@ class MooncakeStore:
         """Scrape the master and the client now: the arm's media counters by tier, as the KV-tier model maps
         Mooncake's metrics (kvscope.exporters.mappings/mooncake.yaml). The scrape is kept in `observed`."""
         assert self._scraper is not None
+        for process in self.processes.processes:  # a dead one's ports are anyone's: end the run with its log
+            process.check_alive()
         states = self._loop.run_until_complete(self._scraper.scrape_all())
         down = [state.last_error for state in states if not state.up]
         if down:

@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -153,7 +154,9 @@ class VllmServer:
             except httpx.HTTPError:
                 return False
 
-        wait_until(ready, f"vLLM on port {self.port}", timeout_s, [self.process])
+        deadline = time.monotonic() + timeout_s
+        self.process.wait_listening(self.port, timeout_s)  # its own socket, not another server's on the same port
+        wait_until(ready, f"vLLM on port {self.port}", max(0.0, deadline - time.monotonic()), [self.process])
 
     def version(self) -> str:
         """The running server's vLLM version (its /version)."""

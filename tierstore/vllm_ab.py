@@ -186,6 +186,8 @@ class VllmArm:
             reported["prompt"] += usage["prompt_tokens"]
             request_hits.append((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
         reported["cached"] = sum(request_hits)
+        assert self.server is not None
+        self.server.process.check_alive()  # the answers were its own, and what is scraped next will be
         self.engine.counters.rounds += 1
         self.engine.counters.bound_hit_tokens += planned.ideal_hit_tokens
         after = self._snapshot(self.store.counters())

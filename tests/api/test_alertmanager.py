@@ -6,10 +6,11 @@ import time
 
 import httpx
 import pytest
-from support.realservers import Webhook, free_port, start_alertmanager, wait_for
+from support.realservers import Webhook, start_alertmanager, wait_for
 
 from kvscope.api.alertmanager import AlertmanagerForwarder
 from kvscope.api.alerts import COLLAPSE, AlertBook
+from kvscope.processes import free_port
 
 
 @pytest.fixture

@@ -19,11 +19,12 @@ import httpx
 import pytest
 import yaml
 from pydantic import SecretStr
-from support.realservers import Uvicorn, free_port, wait_for
+from support.realservers import Uvicorn, wait_for
 
 from kvscope.api.app import create_app
 from kvscope.api.routers import page
 from kvscope.api.settings import Settings
+from kvscope.processes import free_port
 
 SCENARIO = Path(__file__).parents[2] / "examples" / "long_output.yaml"
 STATIC = Path(page.__file__).parents[1] / "static"

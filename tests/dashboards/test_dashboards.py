@@ -24,11 +24,12 @@ import jsonschema
 import pytest
 import yaml
 from support.grafana import datasource_references
-from support.realservers import TOKEN, Service, free_port, start_prometheus
+from support.realservers import TOKEN, Service, start_prometheus
 
 from kvscope.dashboards import media
 from kvscope.dashboards.build import BUILDERS, FOLDER, render, stale, write_all
 from kvscope.model import INSTRUMENTS, prometheus_name
+from kvscope.processes import free_port
 from kvscope.tierstore.live import ENGINES
 
 ROOT = Path(__file__).resolve().parents[2]

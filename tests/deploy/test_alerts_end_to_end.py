@@ -21,7 +21,9 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from support.realservers import TOKEN, Service, Webhook, free_port, start_alertmanager, start_prometheus, wait_for
+from support.realservers import TOKEN, Service, Webhook, start_alertmanager, start_prometheus, wait_for
+
+from kvscope.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import subprocess
 import threading
 import time
@@ -27,18 +26,12 @@ from kvscope.api.app import create_app
 from kvscope.api.settings import Settings
 from kvscope.exporters.otel import TelemetryBridge
 from kvscope.exporters.scrape import Scraper
+from kvscope.processes import free_port
 
 HOST = "127.0.0.1"
 TOKEN = "test-token"  # the bearer token of the service `Service` starts
 
 T = TypeVar("T")
-
-
-def free_port() -> int:
-    """A TCP port of 127.0.0.1 nothing listens on (just now)."""
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
 
 
 def wait_for(check: Callable[[], T], what: str, seconds: float = 20.0, interval: float = 0.1) -> T:

@@ -15,9 +15,10 @@ import httpx
 import pytest
 from opentelemetry.exporter.prometheus._mapping import map_unit, sanitize_full_name
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily
-from support.realservers import free_port, start_prometheus
+from support.realservers import start_prometheus
 
 from kvscope.model import INSTRUMENTS, instrument_for_prometheus_name, prometheus_name
+from kvscope.processes import free_port
 from kvscope.verifier.db import Database, VerifierError, run_sql
 from kvscope.verifier.promimport import (
     PrometheusImportError,
