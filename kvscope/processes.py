@@ -135,8 +135,13 @@ class OwnedProcess:
 
     def listening(self) -> list[Listener]:
         """The TCP sockets this process and the processes it started listen on, now."""
-        return sorted({s for pid in [self.pid, *_descendants(self.pid)] for s in listening_sockets(pid)},
+        inodes = self._socket_inodes()
+        return sorted({listener for listener, inode in _listen_table() if inode in inodes},
                       key=lambda listener: (listener.port, listener.address))  # fmt: skip
+
+    def _socket_inodes(self) -> set[str]:
+        """The sockets this process and the processes it started hold open."""
+        return {inode for pid in [self.pid, *_descendants(self.pid)] for inode in _socket_inodes(pid)}
 
     def wait_listening(self, port: int, timeout_s: float) -> None:
         """Until this process (or one it started) listens on `port`; ProcessError as soon as it has exited, or when
@@ -144,11 +149,10 @@ class OwnedProcess:
         sockets bound before either listens may both listen), rather than talk to that process unawares."""
 
         def listens() -> bool:
-            holders = port_listeners(port)  # before our sockets: a socket of ours that shows up in between is ours
+            holders = port_listeners(port)  # read first: a socket of ours that opens in between is still ours
             if not holders:
                 return False
-            ours = {inode for pid in [self.pid, *_descendants(self.pid)] for inode in _socket_inodes(pid)}
-            if holders - ours:
+            if holders - self._socket_inodes():
                 raise ProcessError(
                     f"{self.name}: port {port}, handed out as free, is listened on by another process too\n"
                     f"{self.tail()}"
