@@ -11,7 +11,9 @@ Everything here is arithmetic on the scenario, done before (and without) a simul
   blocks used longest ago: those of the sessions still waiting for their turn, which then miss. FIFO evicts the
   blocks written first, the heads of sessions already served, so the misses start a round later;
 - a miss recomputes the prompt and rewrites the missing blocks, which evicts more chains: the collapse feeds
-  itself and the hit ratio falls to zero within a few rounds. The collapse round is the first that loses hits.
+  itself and the hit ratio falls to zero within a few rounds. The collapse round is the first that loses hits;
+- how deep it falls, the hit ratio of the collapse round and of the round after, follows from the order the tier's
+  policy keeps its blocks in, followed over runs of blocks (kvscope.tierstore.depth).
 
 For a trace the ideal hit ratio and the footprint come from one pass over its hash_ids with an infinite cache;
 whether an overflow collapses depends on reuse distances, so only the overflow round is predicted.
@@ -22,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvscope.tierstore import scenario as spec
+from kvscope.tierstore.depth import hit_ratios
 from kvscope.tierstore.workloads import MultiRoundWorkload, TraceWorkload, make_workload
 from kvscope.units import format_bytes
 
@@ -46,6 +49,8 @@ class ArmPrediction:
     overflow_round: int | None
     collapse_round: int | None
     explanation: list[str] = field(default_factory=list)
+    # (round, predicted hit ratio) of the collapse round and the round after, when there is one
+    collapse_depth: list[tuple[int, float]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -62,6 +67,7 @@ class Plan:
         prediction = self.arms[arm]
         return {
             "collapse_round": prediction.collapse_round,
+            "collapse_depth": [{"round": number, "hit_ratio": ratio} for number, ratio in prediction.collapse_depth],
             "overflow_round": prediction.overflow_round,
             "capacity_bytes": prediction.capacity_bytes,
             "footprint_bytes_by_round": [r.footprint_bytes for r in self.rounds],
@@ -175,14 +181,43 @@ def _predict_arm(
         explanation.append("several tiers are modelled as one of that capacity: the collapse round is approximate")
     if workload.spec.order != "round_robin":
         explanation.append("the model assumes round-robin order: with shuffled order treat it as approximate")
-    return ArmPrediction(capacity, policy, overflow, collapse, explanation)
+    depth = _collapse_depth(scenario, workload, arm, holding, capacity, collapse)
+    if depth:
+        explanation.append(depth[1])
+    return ArmPrediction(capacity, policy, overflow, collapse, explanation, depth[0] if depth else [])
 
 
 def _holds(arm: spec.ArmSpec, tier: spec.TierSpec) -> int:
     """What a tier holds before it starts evicting: a Mooncake segment evicts above its high watermark."""
-    if (arm.store == "mooncake" and tier.name == "dram") or tier.policy == "mooncake":
+    if _is_segment(arm, tier):
         return int(tier.capacity * arm.mooncake_settings.eviction_high_watermark)
     return tier.capacity
+
+
+def _is_segment(arm: spec.ArmSpec, tier: spec.TierSpec) -> bool:
+    """Whether `tier` is a Mooncake segment: a real Mooncake arm's DRAM, or the embedded model of one."""
+    return (arm.store == "mooncake" and tier.name == "dram") or tier.policy == "mooncake"
+
+
+def _collapse_depth(
+    scenario: spec.Scenario,
+    workload: MultiRoundWorkload,
+    arm: spec.ArmSpec,
+    holding: spec.TierSpec,
+    capacity: int,
+    collapse: int | None,
+) -> tuple[list[tuple[int, float]], str] | None:
+    """The predicted hit ratio of the collapse round and the round after (if any), and why. A Mooncake segment is
+    modelled at its full size (its eviction thread keeps the watermark), any other holding tier at the capacity."""
+    if collapse is None:
+        return None
+    policy, size = ("mooncake", holding.capacity) if _is_segment(arm, holding) else (holding.policy, capacity)
+    last = min(collapse + 1, workload.round_count)
+    ratios = hit_ratios(workload, policy, size, scenario.block_bytes, last, arm.mooncake_settings)
+    depth = [(number, ratios[number - 1]) for number in range(collapse, last + 1)]
+    figures = " and ".join(f"{ratio:.3f} in round {number}" for number, ratio in depth)
+    expected = " (expected over the random order of a batch's leases)" if policy == "mooncake" else ""
+    return depth, f"{policy}'s eviction order, followed over runs of blocks, leaves hit ratio {figures}{expected}"
 
 
 def _collapse_round(

@@ -57,16 +57,22 @@ class MultiRoundWorkload:
         w = self.spec
         return w.first_prompt_tokens + (round_number - 1) * (w.output_tokens + w.user_tokens)
 
-    def rounds(self) -> Iterator[list[Request]]:
-        w, block = self.spec, self.block_tokens
+    def session_orders(self) -> Iterator[list[int]]:
+        """The order the sessions take their turns in, round after round (the planner follows it too)."""
+        w = self.spec
         order = list(range(w.sessions))
         shuffler = random.Random(w.seed)
-        for round_number in range(1, w.rounds + 1):
+        for _ in range(w.rounds):
+            if w.order == "shuffled":
+                shuffler.shuffle(order)
+            yield list(order)
+
+    def rounds(self) -> Iterator[list[Request]]:
+        w, block = self.spec, self.block_tokens
+        for round_number, order in enumerate(self.session_orders(), start=1):
             prompt = self.prompt_tokens(round_number)
             prompt_blocks = prompt // block
             stored_blocks = (prompt + w.output_tokens) // block if w.output_cached else prompt_blocks
-            if w.order == "shuffled":
-                shuffler.shuffle(order)
             requests = []
             for session in order:
                 keys = self._session_keys(session, stored_blocks)

@@ -16,13 +16,14 @@ tokens per round (not cached):
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
 from kvscope.tierstore.ab import observed_collapse_round, run_ab
 from kvscope.tierstore.planner import plan
 from kvscope.tierstore.policies import POLICIES
-from kvscope.tierstore.scenario import parse_scenario
+from kvscope.tierstore.scenario import load_scenario, parse_scenario
 
 BB = 256_000  # bytes per block
 
@@ -393,3 +394,95 @@ def test_collapse_round_matches_simulation_on_random_round_robin_scenarios():
         if predicted != observed:
             mismatches.append((tier, workload, predicted, observed))
     assert mismatches == []
+
+
+# --------------------------------------------------------------------------- depth of the collapse
+
+DEPTH_BY_HAND = {
+    # Base workload, 14 blocks (collapse round 3: see test_arm_prediction_by_hand). Round 3: 4 blocks a prompt, 3
+    # cached; round 4: 5 and 4. sN:b is block b of session N; orders are oldest first.
+    #
+    # lru. After round 2: s0[0 1 2] s1[..] s2[..] s3[..], 12 blocks. Round 3: s0 and s1 hit 3 and write b3 (14);
+    # s2 hits 3, its b3 evicts s3:0; s3 hits 0 and writes b0, b3, which evict its own untouched s3:1, s3:2.
+    # 3+3+3+0 = 9 blocks: 2304 / 4800 = .48. Order: s0[0-3] s1[0-3] s2[0-3] s3[0 3]. Round 4: s0 hits 4, its b4
+    # evicts s1:0; s1 hits 0, rewrites b0 and b4, evicting s1:1, s1:2; s2 hits 4, its b4 evicts s1:3; s3 hits 1
+    # (b1 is gone). 4+0+4+1 = 9 blocks: 2304 / 6000 = .384.
+    "lru": [(3, 0.48), (4, 0.384)],
+    # tail_first: a finished request's chain goes to the recent end tail first: after round 2 s0[2 1 0] ... s3.
+    # Round 3: s0, s1 hit 3 (14); s2's b3 evicts s3:2; s3 hits 2 and writes b2, b3, evicting s0:3, s0:2: 11 blocks,
+    # 2816 / 4800. Order: s0[1 0] s1[3-0] s2[3-0] s3[3-0]. Round 4: s0 hits 2, writes 3 (s1:3, s1:2, s1:1 go); s1
+    # hits 1, writes 4 (all of s2 goes); s2 hits 0, writes 5 (s3 and s0:4); s3 hits 0: 3 blocks, 768 / 6000.
+    "tail_first": [(3, 2816 / 4800), (4, 768 / 6000)],
+    # lmcache: a lookup's chunks go to the recent end tail first, pinned; new chunks after them: after round 2
+    # s0[1 0 2] ... s3. Round 3: s0, s1 hit 3 (14); s2's b3 evicts s3:1; s3 hits 1 (s3:0, pinned) and writes b1,
+    # b3, evicting s3:2 and s0:2: 10 blocks, 2560 / 4800. Order: s0[1 0 3] s1[2 1 0 3] s2[..] s3[0 1 3]. Round 4:
+    # s0 hits 2 and writes b2, b4 (s0:3, s1:2 go); s1 hits 2, writes b2, b4 (s1:3, s2:2); s2 hits 2 (s2:3, s3:0
+    # go); s3 hits 0: 6 blocks, 1536 / 6000.
+    "lmcache": [(3, 2560 / 4800), (4, 1536 / 6000)],
+    # fifo collapses in round 4 (round 3 evicts s0:0, s0:1, blocks of a session already served), the last round:
+    # no round after. Round 4: s0 misses (s0:0 is gone) and writes b0, b1, b4, evicting s1:0, s1:1, s2:0; each
+    # later session finds its head gone in turn: 0.
+    "fifo": [(4, 0.0)],
+    # mooncake, a 14-block segment evicting above 12.6 blocks. Rounds 1-2 fill 12. Round 3: s0 hits 3, writes 1:
+    # 13 blocks, .929 full: the thread evicts ceil(13 x (.929 - .9 + .05)) = 2, the oldest leases: s1's new b2,
+    # then one of s1:0, s1:1 at random (their leases are ordered as their shards): s1 hits 1 or 0, expected 1/2.
+    # s1 rewrites 3 (full: 3 go, all of s2), s2 and s3 hit 0: 3.5 blocks, 896 / 4800. Round 4: every put is
+    # refused until the thread evicts, and each pass takes the next chains: 0.
+    "mooncake": [(3, 896 / 4800), (4, 0.0)],
+}
+
+
+@pytest.mark.parametrize("policy", sorted(DEPTH_BY_HAND))
+def test_collapse_depth_by_hand(scenario, policy):
+    """The hit ratio of the collapse round and the round after, as worked out in DEPTH_BY_HAND's comments."""
+    the_plan = plan(scenario({"a": arm(policy, 14)}))
+    depth = the_plan.arms["a"].collapse_depth
+    assert [number for number, _ in depth] == [number for number, _ in DEPTH_BY_HAND[policy]]
+    assert [ratio for _, ratio in depth] == pytest.approx([ratio for _, ratio in DEPTH_BY_HAND[policy]])
+    assert the_plan.arm_json("a")["collapse_depth"] == [{"round": n, "hit_ratio": r} for n, r in depth]
+
+
+def test_no_collapse_has_no_depth(scenario):
+    assert plan(scenario({"a": arm("lru", 20)})).arm_json("a")["collapse_depth"] == []
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+SMALL = {
+    "shared-8": ({"shared_prefix_tokens": 512}, 8),
+    "cached-16": ({"output_cached": True, "user_tokens": 100}, 16),
+    "eight-sessions-40": (
+        {"sessions": 8, "rounds": 6, "first_prompt_tokens": 1024, "output_tokens": 256, "user_tokens": 256},
+        40,
+    ),
+}
+
+
+def _depth_gaps(result: dict) -> dict[str, list[float]]:
+    """Per arm, predicted minus observed hit ratio in the collapse round and the round after."""
+    return {
+        name: [entry["hit_ratio"] - arm["rounds"][entry["round"] - 1]["hit_ratio"]
+               for entry in arm["prediction"]["collapse_depth"]]
+        for name, arm in result["arms"].items()
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("example", ["policies.yaml", "shared_prompt.yaml"])
+def test_predicted_depth_is_the_embedded_stores_on_the_examples(example):
+    """policies.yaml: lru .722, .575; mooncake .219, 0; lmcache .681, .512 (README, Policies), predicted and
+    observed alike; shared_prompt.yaml likewise for lru and tail_first."""
+    gaps = _depth_gaps(run_ab(load_scenario(EXAMPLES / example)))
+    assert all(abs(gap) <= 0.05 for arm_gaps in gaps.values() for gap in arm_gaps), gaps
+    if example == "policies.yaml":
+        assert all(len(arm_gaps) == 2 for arm_gaps in gaps.values())
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_predicted_depth_is_within_005_of_the_embedded_store(scenario, name):
+    """Every policy on small scenarios: exact for the deterministic ones; Mooncake's is the expectation over the
+    random order of its leases, which seed 0 of the store draws one way."""
+    workload, blocks = SMALL[name]
+    arms = {policy: arm(policy, blocks) for policy in sorted(POLICIES)}
+    gaps = _depth_gaps(run_ab(scenario(arms, **workload)))
+    assert all(len(arm_gaps) == 2 for arm_gaps in gaps.values()), gaps
+    assert all(abs(gap) <= 0.05 for arm_gaps in gaps.values() for gap in arm_gaps), gaps
+    assert all(gap == pytest.approx(0) for policy, arm_gaps in gaps.items() if policy != "mooncake" for gap in arm_gaps)
