@@ -128,18 +128,24 @@ def test_excess_recompute_is_what_the_cache_lost_of_the_ideal_per_request(long_o
     assert dram_only[-1]["excess_recompute_tokens_per_request"] > 0
 
 
-def test_ab_run_prints_the_curves_of_lru_mooncake_and_lmcache_side_by_side(tmp_path):
-    """examples/policies.yaml: one tier under three policies; each collapses in its own way (README, Policies)."""
+def test_ab_run_prints_the_curves_of_lru_mooncake_and_lmcache_side_by_side(tmp_path, schema):
+    """examples/policies.yaml: one tier under three policies; each collapses in its own way (README, Policies), as
+    deep as the planner predicts, which is printed beside what was observed."""
     out = tmp_path / "result.json"
     result = runner.invoke(app, ["ab", "run", str(EXAMPLES / "policies.yaml"), "--json", str(out)])
     assert result.exit_code == 0, result.output
+    jsonschema.validate(json.loads(out.read_text()), schema)
     curves = {name: [round(row["hit_ratio"], 3) for row in arm["rounds"]]
               for name, arm in json.loads(out.read_text())["arms"].items()}  # fmt: skip
     assert curves["mooncake"][4:6] == [0.219, 0.0]  # at once
     assert curves["lru"][5:8] == [0.722, 0.575, 0.0]  # over three rounds
     assert curves["lmcache"][5:] == [0.681, 0.512, 0.375, 0.26, 0.163]  # slowly, keeping the chains' heads
-    for name in curves:
-        assert f"{name}: collapse predicted at round" in result.output
+    printed = " ".join(result.output.split())
+    for name, (rounds, depth) in {"lru": ("6-7", "0.722, 0.575"), "mooncake": ("5-6", "0.219, 0.000"),
+                                  "lmcache": ("6-7", "0.681, 0.512")}.items():  # fmt: skip
+        collapse = rounds.split("-")[0]
+        assert (f"{name}: collapse predicted at round {collapse}, observed at round {collapse}; hit ratio in rounds "
+                f"{rounds} predicted {depth}, observed {depth}") in printed  # fmt: skip
 
 
 def _verify_media(tmp_path, example: str) -> tuple[int, dict[str, bool]]:

@@ -87,11 +87,22 @@ def verdict_lines(result: dict) -> list[str]:
         else:
             outcome = f"collapse predicted at round {predicted}, observed at round {observed} (MISMATCH)"
         lines.append(
-            f"{name}: {outcome}; hit ratio {totals['hit_ratio']:.3f} overall, "
+            f"{name}: {outcome}{_depth(arm)}; hit ratio {totals['hit_ratio']:.3f} overall, "
             f"{totals['excess_recompute_tokens_per_request']:,.0f} tokens a request recomputed beyond the ideal's; "
             f"mean TTFT {totals['ttft_s_mean']:.2f} s; written {written}"
         )
     return lines
+
+
+def _depth(arm: dict) -> str:
+    """The predicted depth of the collapse beside the observed one: the hit ratios of its round and the next."""
+    depth = arm["prediction"].get("collapse_depth") or []
+    if not depth:
+        return ""
+    rounds = "-".join(str(entry["round"]) for entry in depth)
+    predicted = ", ".join(f"{entry['hit_ratio']:.3f}" for entry in depth)
+    observed = ", ".join(f"{arm['rounds'][entry['round'] - 1]['hit_ratio']:.3f}" for entry in depth)
+    return f"; hit ratio in round{'s' if len(depth) > 1 else ''} {rounds} predicted {predicted}, observed {observed}"
 
 
 def plan_table(the_plan: Plan) -> Table:
@@ -110,7 +121,11 @@ def plan_table(the_plan: Plan) -> Table:
 def plan_lines(the_plan: Plan) -> list[str]:
     lines = list(the_plan.explanation)
     for name, arm in the_plan.arms.items():
-        lines.append(f"[bold]{name}[/bold]: collapse round {arm.collapse_round}, overflow round {arm.overflow_round}")
+        depth = " then ".join(f"{ratio:.3f}" for _, ratio in arm.collapse_depth)
+        depth = f" (hit ratio {depth})" if depth else ""
+        lines.append(
+            f"[bold]{name}[/bold]: collapse round {arm.collapse_round}{depth}, overflow round {arm.overflow_round}"
+        )
         lines += [f"  {line}" for line in arm.explanation]
     return lines
 
