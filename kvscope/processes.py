@@ -139,6 +139,12 @@ class OwnedProcess:
         return sorted({listener for listener, inode in _listen_table() if inode in inodes},
                       key=lambda listener: (listener.port, listener.address))  # fmt: skip
 
+    def unix_listening(self) -> list[str]:
+        """The paths of the Unix sockets this process and the processes it started listen on, now (`@name` for an
+        abstract one). A path outlives an unlink: a socket whose file another process replaced still shows it."""
+        inodes = self._socket_inodes()
+        return sorted({path for path, inode in _unix_listen_table() if inode in inodes})
+
     def _socket_inodes(self) -> set[str]:
         """The sockets this process and the processes it started hold open."""
         return {inode for pid in [self.pid, *_descendants(self.pid)] for inode in _socket_inodes(pid)}
@@ -258,6 +264,21 @@ def _listen_table() -> Iterator[tuple[Listener, str]]:
             if len(fields) > 9 and fields[3] == _LISTEN:
                 address, port = fields[1].split(":")
                 yield Listener(_address(address, family), int(port, 16)), fields[9]
+
+
+_ACCEPTING = 0x10000  # __SO_ACCEPTCON in /proc/net/unix's flags: a listening socket
+
+
+def _unix_listen_table() -> Iterator[tuple[str, str]]:
+    """Every listening Unix socket with a name, and its inode, from /proc/net/unix."""
+    try:
+        lines = Path("/proc/net/unix").read_text(errors="replace").splitlines()[1:]
+    except OSError:
+        return
+    for line in lines:
+        fields = line.split(maxsplit=7)
+        if len(fields) == 8 and int(fields[3], 16) & _ACCEPTING:
+            yield fields[7], fields[6]
 
 
 def _peak_rss(pid: int) -> int | None:

@@ -11,7 +11,7 @@ import time
 import pytest
 from support.proctree import alive, descendants
 
-from kvscope.processes import HOST, OwnedProcess, ProcessError, free_port
+from kvscope.processes import HOST, OwnedProcess, ProcessError, free_port, wait_until
 from kvscope.procguard import GRACE_S
 
 # a program that starts a process of its own and ends on SIGTERM
@@ -75,3 +75,32 @@ def test_wait_listening_ends_when_the_program_exits(tmp_path):
     process = OwnedProcess("quitter", [sys.executable, "-c", "raise SystemExit(3)"], tmp_path / "log")
     with pytest.raises(ProcessError, match="quitter exited with status 3"):
         process.wait_listening(free_port(), timeout_s=20)
+
+
+# a program that starts a process of its own which, as vLLM's Mooncake connector does with its lookup socket,
+# removes the file it finds at a path and listens there
+PARENT_OF_A_UNIX_LISTENER = (
+    "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
+    "'import os, socket, sys, time; os.path.exists(sys.argv[1]) and os.unlink(sys.argv[1]); "
+    "s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(); "
+    "c = socket.socket(socket.AF_UNIX); c.connect(sys.argv[1]); time.sleep(60)', sys.argv[1]]); time.sleep(60)"
+)
+
+
+def test_unix_listening_names_a_descendants_socket_also_once_another_process_took_its_path(tmp_path):
+    """The path of a listening Unix socket a process's child holds (not the one it connected); a second program
+    that replaces the file leaves the first listening on it, unlinked: both trees show the path."""
+    path = str(tmp_path / "lookup.sock")
+    first = OwnedProcess("first", [sys.executable, "-c", PARENT_OF_A_UNIX_LISTENER, path], tmp_path / "1", group=True)
+    second = None
+    try:
+        wait_until(lambda: first.unix_listening() == [path], "the first listener", 20, [first])
+        second = OwnedProcess("second", [sys.executable, "-c", PARENT_OF_A_UNIX_LISTENER, path], tmp_path / "2",
+                              group=True)  # fmt: skip
+        wait_until(lambda: second.unix_listening() == [path], "the second listener", 20, [second])
+        assert first.unix_listening() == [path]
+    finally:
+        for process in (first, second):
+            if process is not None:
+                process.stop()
+    assert first.unix_listening() == []

@@ -78,6 +78,18 @@ def _conserved_and_agreeing(arm: dict) -> None:
     assert listening and len(wildcard) <= allowed, listening
 
 
+def _own_ipc_sockets(data: dict) -> None:
+    """Each server's IPC sockets are in its own directory: the Mooncake connector's lookup socket among them, and
+    no path in two arms (vLLM names the lookup socket alike in every server of a host; in one directory the engine
+    that started last answered both engines' lookups)."""
+    paths = {name: set(arm["engine"]["ipc_listening"]) for name, arm in data["arms"].items()
+             if arm.get("engine", {}).get("kind") == "vllm"}  # fmt: skip
+    assert len(paths) == 2, paths
+    for name, own in paths.items():
+        assert any(Path(path).name.startswith("lookup_rpc_port") for path in own), (name, own)
+    assert not set.intersection(*paths.values()), paths
+
+
 def _mirrors_agree(data: dict, name: str) -> None:
     """The embedded store's model of the arm (vLLM's blocks freed tail first, then Mooncake's policy) is within 0.05
     of the real arm in every round: up to and with the collapse round, of the model's own curve; after it, where
@@ -120,6 +132,7 @@ def test_real_vllm_and_mooncake_collapse_where_the_planner_says(real_stack, tmp_
         # vLLM's own cache holds less than a round: the store serves hits from round 2 on
         assert all(row["external_hit_tokens"] > 0 for row in arm["rounds"][1:6]), table
     assert tiered["totals"]["written_bytes"]["ssd"] > 0
+    _own_ipc_sockets(data)
     for name in ("dram_only", "tiered"):
         _mirrors_agree(data, name)
 
@@ -128,6 +141,7 @@ def test_media_criteria_pass_on_the_recorded_real_vllm_and_mooncake_series(real_
     db, out = tmp_path / "runs.duckdb", tmp_path / "result.json"
     _ab_run(PARITY, "--db", str(db), "--json", str(out))
     data = json.loads(out.read_text())
+    _own_ipc_sockets(data)
     for name in ("dram_only", "tiered"):
         arm = data["arms"][name]
         _conserved_and_agreeing(arm)

@@ -120,7 +120,8 @@ class VllmServer:
                 f"max_model_len {max_model_len} exceeds what {gpu_blocks} blocks of {block_tokens} hold for one "
                 f"request ({(gpu_blocks - 1) * block_tokens}: vLLM keeps one block back)"
             )
-        self.name, self.port = name, free_port()
+        self.name, self.port, self.workdir = name, free_port(), workdir
+        self.ipc_listening: list[str] = []  # the Unix sockets its processes listen on, once it is ready
         self.url = f"http://{HOST}:{self.port}"
         self.argv = [
             str(vllm_python()), str(_SIDE / "serve.py"), str(model_dir),
@@ -132,7 +133,12 @@ class VllmServer:
             "--gpu-memory-utilization", "0.1",  # on the CPU: the share of memory vLLM reserves up front
             *extra_args,
         ]  # fmt: skip
-        environment = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", **(env or {})}
+        # VLLM_RPC_BASE_PATH: the server's IPC sockets in its own directory. Their names are the same in every
+        # server of a host (the Mooncake connector's lookup socket is `lookup_rpc_port_0_host_<host>_dp_rank0`),
+        # and a server unlinks the file it finds and binds its own: in a shared directory the engine that started
+        # last answers the other's lookups.
+        environment = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", **(env or {}),
+                       "VLLM_RPC_BASE_PATH": str(workdir)}  # fmt: skip
         if cpus is not None:
             environment["VLLM_CPU_OMP_THREADS_BIND"] = cpus
         environment.pop("VIRTUAL_ENV", None)
@@ -157,6 +163,13 @@ class VllmServer:
         deadline = time.monotonic() + timeout_s
         self.process.wait_listening(self.port, timeout_s)  # its own socket, not another server's on the same port
         wait_until(ready, f"vLLM on port {self.port}", max(0.0, deadline - time.monotonic()), [self.process])
+        self.ipc_listening = self.process.unix_listening()
+        foreign = [path for path in self.ipc_listening if not Path(path).is_relative_to(self.workdir)]
+        if foreign:
+            raise ProcessError(
+                f"{self.process.name}: listens on IPC sockets outside its directory {self.workdir}, where another "
+                f"server's engine may answer: {', '.join(foreign)}"
+            )
 
     def version(self) -> str:
         """The running server's vLLM version (its /version)."""

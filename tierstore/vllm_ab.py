@@ -124,6 +124,7 @@ class VllmArm:
             self.version = self.server.version()
             # what the server and its engine processes listen on, as the kernel showed it once it was ready
             self.listening = [str(socket) for socket in self.server.process.listening()]
+            self.ipc_listening = self.server.ipc_listening
             target = VllmTargetConfig(
                 name=f"vllm-{self.system}".replace("/", "-"), source="vllm", url=f"{self.server.url}/metrics",
                 labels={"system": self.system, "engine": self.system},
@@ -220,7 +221,8 @@ class VllmArm:
                        "cached_tokens_disagreements": self.disagreements,
                        "connector_failed_keys": dict(failed),
                        "connector_failure_codes": self.failure_codes,
-                       "listening": self.listening, "peak_rss_bytes": self.peak_rss},
+                       "listening": self.listening, "ipc_listening": self.ipc_listening,
+                       "peak_rss_bytes": self.peak_rss},
             "store": self.store.report(),
             "wall_s": dict(self.seconds),
             "rounds": self.rows,
