@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
-from itertools import compress, count, filterfalse, islice
+from itertools import compress, count, filterfalse, islice, repeat
 
 from kvscope.tierstore.backends import Backend
 from kvscope.tierstore.policies import EvictionPolicy
@@ -203,6 +203,11 @@ class Tier:
             return []
         if self._pops_oldest and not self.backend.holds_bytes:  # the victims are the index's head: one tight loop
             popitem, index = self._index.popitem, self._index
+            block_bytes = self._block_bytes
+            if block_bytes:  # blocks of one size: as many victims as the excess needs, popped in one comprehension
+                victims = min(-(-excess // block_bytes), len(index))
+                return self._count_evicted([Evicted(*popitem(False)) for _ in repeat(None, victims)],
+                                           victims * block_bytes)  # fmt: skip
             evicted: list[Evicted] = []
             freed = 0
             while freed < excess and index:
