@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import jsonschema
@@ -43,23 +42,8 @@ def real_stack(require_real):
         require_real(missing is None, missing or "")
 
 
-# vLLM 0.32 with Mooncake 0.3.13: now and then (4 runs of 17 of the collapse example here, the DRAM-only arm, later
-# rounds, two blocks at a time) a load fails with -704 OBJECT_NOT_FOUND on blocks the lookup has just said
-# exist, and vLLM recomputes and looks them up again without end, until the arm's request timeout ends the run
-# (README, "Why a save or a load failed"). An upstream loop, not kvscope's: such a run is run again, up to twice,
-# and said so.
-UPSTREAM_LOAD_LOOP = ("-704", "Recovered from KV load failure", "chat request failed")
-LOOP_RERUNS = 2
-
-
 def _ab_run(scenario: Path, *args: str) -> None:
     result = CliRunner().invoke(app, ["ab", "run", str(scenario), *args])
-    for _ in range(LOOP_RERUNS):
-        output = " ".join(result.output.split())  # the terminal's width wraps the server's lines anywhere
-        if result.exit_code == 0 or not all(sign in output for sign in UPSTREAM_LOAD_LOOP):
-            break
-        warnings.warn(f"vLLM's -704 load loop ended a run of {scenario.name}; running it again", stacklevel=2)
-        result = CliRunner().invoke(app, ["ab", "run", str(scenario), *args])
     assert result.exit_code == 0, result.output
 
 
