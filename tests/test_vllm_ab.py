@@ -108,7 +108,8 @@ def test_real_vllm_and_mooncake_collapse_where_the_planner_says(real_stack, tmp_
 
     predicted = dram_only["prediction"]["collapse_round"]
     assert predicted is not None and abs(dram_only["observed_collapse_round"] - predicted) <= 1, table
-    assert dram_only["rounds"][-1]["hit_ratio"] < 0.1, table
+    collapsed = dram_only["observed_collapse_round"]
+    assert all(row["hit_ratio"] < row["ideal_hit_ratio"] / 2 for row in dram_only["rounds"][collapsed:]), table
     for row in tiered["rounds"]:
         assert abs(row["hit_ratio"] - row["ideal_hit_ratio"]) <= 0.03, table
     for arm in (dram_only, tiered):
