@@ -62,8 +62,18 @@ def verify(
     allow_unfinished: Annotated[
         bool, typer.Option("--allow-unfinished", help="judge runs whose recording was interrupted (no end)")
     ] = False,
+    check_chunks: Annotated[
+        bool,
+        typer.Option(
+            "--check-chunks",
+            help="re-derive the runs' chunk summaries from their samples before judging (reads every sample)",
+        ),
+    ] = False,
 ) -> None:
     """Judge recorded runs against machine criteria; store each verdict with its evidence.
+
+    Whole-run criteria read the per-batch chunk summaries, whose hashes each verdict's digest chains; --check-chunks
+    first holds every chunk of the runs against the samples it summarizes, and an altered one is an input error.
 
     Exit 0 when every criterion passed, 1 when one failed, 2 when one could not be judged (missing series, a run
     that never finished without --allow-unfinished...).
@@ -91,6 +101,7 @@ def verify(
         )
     for name in unfinished:
         errors.print(f"[yellow]warning:[/yellow] run {escape(repr(name))} never finished", highlight=False)
+    chunks = _check_chunks(database, runs.values()) if check_chunks else "trusted"
     table = Table(title=f"{criteria} on {', '.join(f'{role}={r.name}' for role, r in runs.items())}")
     for column in ("criterion", "verdict", "summary", "digest"):
         table.add_column(column, overflow="fold")
@@ -110,10 +121,25 @@ def verify(
     if json_out:
         documents = [{"verdict_id": v.verdict_id, "digest": v.digest, "document": v.document} for v in verdicts]
         write_json(json_out, {"passed": not problems and all(v.passed for v in verdicts), "verdicts": documents,
-                               "errors": problems})  # fmt: skip
+                               "errors": problems, "chunk_summaries": chunks})  # fmt: skip
     if problems:
         raise typer.Exit(2)
     raise typer.Exit(0 if all(v.passed for v in verdicts) else 1)
+
+
+def _check_chunks(database, runs) -> str:
+    """Hold the runs' chunk summaries against their samples: "checked", or an input error naming what was altered."""
+    from kvscope.verifier.evidence import altered_series
+
+    altered = altered_series(database, "sample_chunks", [run.run_id for run in runs])
+    if altered:
+        names = dict(database.con.execute(
+            "SELECT series_id, target || ' ' || name || ' ' || CAST(labels AS VARCHAR) FROM series WHERE series_id IN "
+            f"({', '.join(map(str, altered))})").fetchall())  # fmt: skip
+        database.close()
+        raise fail("; ".join(f"series {names.get(sid, sid)}: {what}" for sid, what in sorted(altered.items())))
+    console.print("chunk summaries checked against the samples they summarize")
+    return "checked"
 
 
 def _params(pairs: list[str]) -> dict[str, str]:

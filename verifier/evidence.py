@@ -33,9 +33,10 @@ import struct
 import tempfile
 import time
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import duckdb
 import numpy as np
@@ -310,7 +311,7 @@ def check_bundle(bundle: Path, expect_digest: str | None = None, public_key: Pat
     with Database(":memory:") as scratch:
         try:
             _load_bundle(scratch, verdicts, bundle)
-            altered = _altered_series(scratch)
+            altered = altered_series(scratch, "bundle_chunks")
         except (KeyError, TypeError, AttributeError, ValueError) as error:  # a document without a field it needs
             raise VerifierError(f"{bundle / MANIFEST}: a verdict's document is incomplete: {error!r}") from None
         except duckdb.Error as error:  # samples.parquet or chunks.parquet that DuckDB cannot read as such
@@ -405,10 +406,20 @@ def _lock_down(db: Database) -> None:
     db.con.execute("SET lock_configuration = true")
 
 
-def _altered_series(db: Database) -> dict[int, str]:
-    """Series whose samples do not match their recorded chunks (count or hash), with what is wrong."""
-    samples = db.con.execute("SELECT series_id, ts, value FROM samples ORDER BY series_id, ts").fetchnumpy()
-    chunks = db.con.execute(f"SELECT {_CHUNK_COLUMNS} FROM bundle_chunks ORDER BY series_id, first_ts").fetchnumpy()
+def altered_series(
+    db: Database, chunks_table: Literal["sample_chunks", "bundle_chunks"] = "sample_chunks", run_ids: Sequence[int] = ()
+) -> dict[int, str]:
+    """Series whose samples do not match their chunks in `chunks_table` (count or hash), with what is wrong; of the
+    runs `run_ids` only, or of every series. Reads every sample of them: what a verdict trusted, re-derived."""
+    if chunks_table not in ("sample_chunks", "bundle_chunks"):
+        raise ValueError(f"no chunks table {chunks_table!r}")
+    where = ""
+    if run_ids:
+        runs = ", ".join(str(int(run_id)) for run_id in run_ids)
+        where = f"WHERE series_id IN (SELECT series_id FROM series WHERE run_id IN ({runs}))"
+    samples = db.con.execute(f"SELECT series_id, ts, value FROM samples {where} ORDER BY series_id, ts").fetchnumpy()
+    chunks = db.con.execute(f"SELECT {_CHUNK_COLUMNS} FROM {chunks_table} {where} ORDER BY series_id, first_ts")
+    chunks = chunks.fetchnumpy()
     ids, ts, values = samples["series_id"], samples["ts"], samples["value"]
     series, starts = np.unique(ids, return_index=True)
     bounds = dict(

@@ -163,3 +163,32 @@ def test_runs_given_in_the_wrong_order_are_refused_by_their_arm_labels(tmp_path)
     assert "role dram_only needs a run of arm 'dram_only'; run 'media/tiered' is of arm 'tiered'" in " ".join(
         swapped.output.split()
     )
+
+
+def test_check_chunks_holds_the_chunk_summaries_against_the_samples_and_names_an_altered_series(tmp_path):
+    """Whole-run verdicts read chunk summaries. By default verify says it trusted them; --check-chunks re-derives
+    them from the samples first, passes on a clean recording and refuses (exit 2) one whose samples were edited
+    under their chunks, naming the series, before any verdict is stored."""
+    db = record(tmp_path, scenario({"attached": [NOF]}))
+    out = tmp_path / "verdicts.json"
+    arguments = ["verify", "--db", str(db), "--criteria", str(MEDIA), "--run", "media/dram_only",
+                 "--run", "media/tiered", "--json", str(out)]  # fmt: skip
+    trusted = runner.invoke(app, arguments)
+    assert trusted.exit_code == 0 and json.loads(out.read_text())["chunk_summaries"] == "trusted"
+    checked = runner.invoke(app, [*arguments, "--check-chunks"])
+    assert checked.exit_code == 0, checked.output
+    assert json.loads(out.read_text())["chunk_summaries"] == "checked"
+    with duckdb.connect(str(db)) as con:  # one sample of the tiered arm's NoF writes, edited in place
+        series_id, name = con.execute(
+            "SELECT s.series_id, s.name FROM series s JOIN runs r USING (run_id) JOIN samples USING (series_id) "
+            "WHERE r.name = 'media/tiered' AND s.name = 'kv.tier.written.bytes' AND s.labels LIKE '%nof%' LIMIT 1"
+        ).fetchone()
+        verdicts_before = con.execute("SELECT count(*) FROM verdicts").fetchone()[0]
+        con.execute(f"UPDATE samples SET value = value + 1 WHERE series_id = {series_id} AND ts = "
+                    f"(SELECT max(ts) FROM samples WHERE series_id = {series_id})")  # fmt: skip
+    altered = runner.invoke(app, [*arguments, "--check-chunks"])
+    assert altered.exit_code == 2
+    message = " ".join(altered.output.split())
+    assert name in message and "do not match their hash" in message, message
+    with duckdb.connect(str(db)) as con:
+        assert con.execute("SELECT count(*) FROM verdicts").fetchone()[0] == verdicts_before
