@@ -398,13 +398,6 @@ class Scenario(_Strict):
             if arm.store != "mooncake":
                 raise ValueError(f"engine.kind vllm: arm {name!r} must be store: mooncake (its tiers are reached "
                                  "through vLLM's Mooncake connector), or store: none (vLLM alone)")  # fmt: skip
-            if arm.placement == "replicate" and len(arm.tiers) > 1:
-                raise ValueError(
-                    f"engine.kind vllm: arm {name!r}: placement replicate with an ssd tier is refused: once an object "
-                    "is offloaded after its put, the connector's lookups find it but its gets fail with -704 "
-                    "(OBJECT_NOT_FOUND) and vLLM reschedules the request without end (vLLM 0.32, Mooncake 0.3.13); "
-                    "use placement: demote (offload on evict)"
-                )
             if arm.mooncake_settings.lease_ttl < VLLM_MIN_LEASE_S:
                 raise ValueError(
                     f"engine.kind vllm: arm {name!r}: mooncake.lease_ttl must be at least {VLLM_MIN_LEASE_S:g} s: "

@@ -66,8 +66,6 @@ def arm(scenario: dict) -> dict:
         (VLLM, lambda s: arm(s).update(store="embedded", mooncake=None), "must be store: mooncake"),
         (VLLM, lambda s: arm(s).update(mooncake={"lease_ttl": "100ms"}), "-707"),
         (VLLM, lambda s: s["engine"]["vllm"].update(gpu_blocks=4), "cannot hold one request"),
-        (VLLM, lambda s: arm(s).update(tiers=[{"name": "dram", "capacity": "16MiB"},
-                                              {"name": "ssd", "capacity": "64MiB"}]), "-704"),
         (VLLM, lambda s: s["engine"].update(vllm=None), "needs vllm"),
         (VLLM, lambda s: s["engine"].update(gpu_cache={"capacity": "1MB"}), "vLLM's own prefix cache"),
     ],
@@ -76,6 +74,13 @@ def test_what_a_real_backend_cannot_do_is_refused_naming_why(base, change, reaso
     with pytest.raises(ScenarioError) as refused:
         parse_scenario(changed(base, change))
     assert reason in " ".join(str(refused.value).split())
+
+
+def test_a_vllm_arm_may_offload_every_put_to_its_ssd():
+    """placement replicate (Mooncake's offload after every put) with an SSD tier behind a vLLM engine: accepted."""
+    tiers = [{"name": "dram", "capacity": "16MiB"}, {"name": "ssd", "capacity": "64MiB"}]
+    spec = parse_scenario(changed(VLLM, lambda s: arm(s).update(placement="replicate", tiers=tiers)))
+    assert [arm.placement for arm in spec.arms.values()] == ["replicate"]
 
 
 def test_a_mooncake_arm_and_its_mirror_hold_the_eviction_watermark_of_the_segment():
