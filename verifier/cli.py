@@ -161,7 +161,8 @@ def evidence_export(
         list[int] | None, typer.Option("--verdict", help="verdict id (repeat); all when omitted")
     ] = None,
 ) -> None:
-    """Write an evidence bundle: evidence.json (documents, digests), samples.parquet and chunks.parquet."""
+    """Write an evidence bundle: evidence.json (documents, digests), samples.parquet, chunks.parquet, and rerun.sql
+    and README.md, which re-run every verdict with plain DuckDB."""
     from kvscope.verifier.db import Database, VerifierError
     from kvscope.verifier.evidence import export_bundle
 
@@ -172,7 +173,7 @@ def evidence_export(
             export_bundle(database, verdict or [], out)
     except VerifierError as error:
         raise fail(error) from None
-    console.print(f"wrote {out}/: evidence.json, samples.parquet, chunks.parquet")
+    console.print(f"wrote {out}/: evidence.json, samples.parquet, chunks.parquet, rerun.sql, README.md")
 
 
 @evidence_app.command("sign")

@@ -50,7 +50,7 @@ from kvscope import __version__
 from kvscope.units import format_bytes
 from kvscope.verifier.criteria import Criterion, Outcome, plain_row
 from kvscope.verifier.db import Database, Run, VerifierError, canonical_json, run_sql
-from kvscope.verifier.schema import chunk_digest, chunk_rows
+from kvscope.verifier.schema import MIGRATIONS, chunk_digest, chunk_rows
 
 BUNDLE_FORMAT = "kvscope-evidence/1"
 FLOAT_TOLERANCE = 1e-9  # re-run sums of doubles may differ in the last bits (parallel aggregation order)
@@ -203,7 +203,8 @@ def _series_rows(con: duckdb.DuckDBPyConnection, series_ids: list[int], chunks: 
 
 
 def export_bundle(db: Database, verdict_ids: list[int], out: Path) -> Path:
-    """Write the bundle of the given verdicts (all when empty): evidence.json, samples.parquet, chunks.parquet."""
+    """Write the bundle of the given verdicts (all when empty): evidence.json, samples.parquet, chunks.parquet, and
+    for a reader without kvscope rerun.sql and README.md."""
     where = f"WHERE verdict_id IN ({', '.join(map(str, verdict_ids))})" if verdict_ids else ""
     rows = run_sql(db.con, f"SELECT verdict_id, evidence, digest FROM verdicts {where} ORDER BY verdict_id")
     if not rows:
@@ -222,6 +223,8 @@ def export_bundle(db: Database, verdict_ids: list[int], out: Path) -> Path:
     bundle = {"format": BUNDLE_FORMAT, "database": db.path, "exported_at": time.time(), "verdicts": verdicts}
     bundle["bundle_digest"] = bundle_digest(bundle)
     (out / MANIFEST).write_text(json.dumps(bundle, indent=2, sort_keys=True) + "\n")
+    (out / RERUN).write_text(rerun_script(verdicts))
+    (out / README).write_text(BUNDLE_README)
     (out / SIGNATURE).unlink(missing_ok=True)  # a signature of an earlier export would not be of this one
     return out
 
@@ -271,6 +274,27 @@ def _recorded_digest(bundle: Path) -> str:
 
 
 MANIFEST, SAMPLES, CHUNKS, SIGNATURE = "evidence.json", "samples.parquet", "chunks.parquet", "evidence.sig"
+RERUN, README = "rerun.sql", "README.md"  # not covered by the digest: conveniences derived from evidence.json
+BUNDLE_README = f"""# A kvscope evidence bundle
+
+- `{MANIFEST}`: the verdicts. Each document holds its criterion, runs, series, SQL and observed rows, with the
+  verdict's digest. `bundle_digest` is the sha256 of the file's RFC 8785 canonical JSON without `bundle_digest`.
+- `{SAMPLES}`: every sample the verdicts read (series_id, ts, value).
+- `{CHUNKS}`: the per-batch chunk summaries the whole-run criteria read, each with the sha256 of its samples.
+- `{RERUN}`: every verdict re-run by DuckDB alone.
+
+Re-run everything with plain DuckDB, from this folder: `duckdb < {RERUN}`. It builds kvscope's tables from
+`{MANIFEST}` and `{SAMPLES}`, turns file access off, and prints each verdict's recorded `passed` beside the one its
+SQL computes now. Without the CLI, in Python: `import duckdb; con = duckdb.connect()`, then
+`con.execute(statement)` for each statement of `open("{RERUN}").read().split(";\\n")`. The verdicts' SQL is the
+bundle's own: read it first.
+
+Re-hash: `python -c "import json, hashlib, rfc8785; b = json.load(open('{MANIFEST}')); d = b.pop('bundle_digest');
+print(hashlib.sha256(rfc8785.dumps(b)).hexdigest() == d)"`.
+
+`kvscope evidence check .` does all of this and more: it recomputes every chunk hash from the samples, compiles each
+criterion again and compares its SQL, and checks a digest or signature you were given apart from the bundle.
+"""
 MAX_BUNDLE_MEMBER_BYTES = 16 << 30  # what one file of a zipped bundle may unpack to
 _CHUNK_COLUMNS = "series_id, first_ts, last_ts, samples, sha256"
 
@@ -345,10 +369,19 @@ def _signature_holds(bundle: Path, public_key: Path, sha: str, problems: list[st
     return True
 
 
-def _load_bundle(db: Database, verdicts: list[dict], bundle: Path) -> None:
-    """The tables a verdict's SQL reads, rebuilt from the bundle: runs and series from the documents, samples from
-    samples.parquet and their chunk summaries from the samples themselves (one chunk per series merges the same);
-    the recorded chunk hashes go to `bundle_chunks`."""
+_INSERT_RUNS = (
+    "INSERT INTO runs (run_id, name, arm, scenario, origin, started_at, config) VALUES (?, ?, ?, ?, 'bundle', 0, '{}')"
+)
+_INSERT_SERIES = "INSERT INTO series VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+_INSERT_CHUNKS = f"INSERT INTO sample_chunks SELECT *, ''::BLOB FROM ({chunk_rows('samples')})"
+
+
+def _insert_samples(parquet: str) -> str:
+    return f"INSERT INTO samples SELECT series_id, ts, value FROM read_parquet({_quote(parquet)})"
+
+
+def _bundle_rows(verdicts: list[dict]) -> tuple[list[tuple], list[tuple]]:
+    """The runs and series rows a bundle's verdicts read, from their documents (_INSERT_RUNS, _INSERT_SERIES)."""
     series: dict[int, dict] = {}
     runs: dict[int, dict] = {}
     for verdict in verdicts:
@@ -356,23 +389,71 @@ def _load_bundle(db: Database, verdicts: list[dict], bundle: Path) -> None:
             series[row["series_id"]] = row
         for run in verdict["document"]["runs"].values():
             runs[run["run_id"]] = run
-    db.con.executemany(
-        "INSERT INTO runs (run_id, name, arm, scenario, origin, started_at, config) "
-        "VALUES (?, ?, ?, ?, 'bundle', 0, '{}')",
+    return (
         [(run_id, r["name"], r["arm"], r["scenario"]) for run_id, r in runs.items()],
-    )
-    db.con.executemany(
-        "INSERT INTO series VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
         [
             (s["series_id"], s["run_id"], s["target"], s["source"], s["name"], s["kind"], s["normalized"],
              canonical_json(s["labels"]))
             for s in series.values()
         ],
     )  # fmt: skip
-    run_sql(
-        db.con, f"INSERT INTO samples SELECT series_id, ts, value FROM read_parquet({_quote(str(bundle / SAMPLES))})"
+
+
+def rerun_script(verdicts: list[dict]) -> str:
+    """rerun.sql: a bundle's verdicts re-run by plain DuckDB from the bundle's folder (`duckdb < rerun.sql`):
+    kvscope's tables made as `evidence check` makes them, from the documents and samples.parquet, then, with file
+    access off, each verdict's SQL as the bundle stores it, its recorded `passed` beside the one computed now."""
+    runs, series = _bundle_rows(verdicts)
+    statements = [
+        *MIGRATIONS,
+        *(_bind(_INSERT_RUNS, row) for row in runs),
+        *(_bind(_INSERT_SERIES, row) for row in series),
+        _insert_samples(SAMPLES),
+        _INSERT_CHUNKS,
+        "SET enable_external_access = false",  # what follows is the bundle's own SQL
+        "SET lock_configuration = true",
+    ]
+    for verdict in verdicts:
+        document = verdict["document"]
+        statements.append(
+            f"SELECT {int(verdict['verdict_id'])} AS verdict_id, {_literal(document['criterion']['name'])} "
+            f"AS criterion, {_literal(bool(document['passed']))} AS recorded_passed, "
+            f"(SELECT bool_and(passed) FROM ({document['sql']})) AS passed_now"
+        )
+    header = (
+        "-- Every verdict of this bundle re-run by plain DuckDB: from this folder, `duckdb < rerun.sql`.\n"
+        "-- Made by kvscope from evidence.json: read each verdict's SQL below before running it.\n"
     )
-    run_sql(db.con, f"INSERT INTO sample_chunks SELECT *, ''::BLOB FROM ({chunk_rows('samples')})")
+    return header + "".join(f"{statement.strip()};\n" for statement in statements)
+
+
+def _bind(sql: str, row: tuple) -> str:
+    """An INSERT with its ? placeholders written out as SQL literals, in order."""
+    parts = sql.split("?")
+    return "".join(part + (_literal(value) if index < len(row) else "") for index, (part, value) in
+                   enumerate(zip(parts, [*row, None], strict=True)))  # fmt: skip
+
+
+def _literal(value: object) -> str:
+    """A SQL literal: NULL, TRUE/FALSE, a number, or a string with its quotes doubled."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, int | float):
+        return repr(value)
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def _load_bundle(db: Database, verdicts: list[dict], bundle: Path) -> None:
+    """The tables a verdict's SQL reads, rebuilt from the bundle: runs and series from the documents, samples from
+    samples.parquet and their chunk summaries from the samples themselves (one chunk per series merges the same);
+    the recorded chunk hashes go to `bundle_chunks`."""
+    runs, series = _bundle_rows(verdicts)
+    db.con.executemany(_INSERT_RUNS, runs)
+    db.con.executemany(_INSERT_SERIES, series)
+    run_sql(db.con, _insert_samples(str(bundle / SAMPLES)))
+    run_sql(db.con, _INSERT_CHUNKS)
     run_sql(
         db.con,
         f"CREATE TEMP TABLE bundle_chunks AS SELECT {_CHUNK_COLUMNS} FROM read_parquet({_quote(str(bundle / CHUNKS))})",

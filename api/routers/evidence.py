@@ -320,8 +320,8 @@ def get_verdict(verdict_id: VerdictId, db: DatabaseDep) -> dict:
 
 @router.get("/verdicts/{verdict_id}/bundle", response_class=FileResponse)
 def get_bundle(verdict_id: VerdictId, db: DatabaseDep) -> FileResponse:
-    """The verdict's evidence bundle (evidence.json, samples.parquet, chunks.parquet), zipped; unzipped,
-    `kvscope evidence check` recomputes it."""
+    """The verdict's evidence bundle (evidence.json, samples.parquet, chunks.parquet, rerun.sql, README.md), zipped;
+    unzipped, `kvscope evidence check` recomputes it, and DuckDB alone re-runs it (rerun.sql)."""
     _verdict_or_404(db, verdict_id)
     folder = FilePath(tempfile.mkdtemp(prefix="kvscope-bundle-"))
     try:

@@ -220,7 +220,8 @@ def test_a_bundle_download_checks_out_unzipped(client, tmp_path):
     response = client.get(f"/api/v1/verdicts/{verdict_id['verdict_id']}/bundle")
     assert response.status_code == 200 and response.headers["content-type"] == "application/zip"
     with zipfile.ZipFile(io.BytesIO(response.content)) as archive:
-        assert sorted(archive.namelist()) == ["chunks.parquet", "evidence.json", "samples.parquet"]
+        members = ["README.md", "chunks.parquet", "evidence.json", "rerun.sql", "samples.parquet"]
+        assert sorted(archive.namelist()) == members
         archive.extractall(tmp_path)
     report = check_bundle(tmp_path)
     assert (report.ok, report.checked, report.problems) == (True, 1, [])

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import duckdb
@@ -308,3 +310,27 @@ def test_signing_refuses_a_bundle_edited_after_export_and_a_key_that_is_not_ed25
     rewrite_manifest(bundle, lambda verdict: verdict.__setitem__("verdict_id", 7), recompute_bundle_digest=False)
     result = runner.invoke(app, ["evidence", "sign", str(bundle), "--key", str(keys[0])])
     assert result.exit_code == 2 and "does not match its content" in " ".join(result.output.split())
+
+
+def test_a_bundles_rerun_script_re_runs_every_verdict_with_plain_duckdb(bundle, monkeypatch):
+    """rerun.sql, run by DuckDB alone from the bundle's folder (no kvscope), builds the tables from the bundle and
+    gives each verdict's recorded `passed` beside the one its SQL computes now; after that it reads no file."""
+    monkeypatch.chdir(bundle)
+    con = duckdb.connect()
+    statements = [s for s in (bundle / "rerun.sql").read_text().split(";\n") if s.strip()]
+    for statement in statements[:-2]:
+        con.execute(statement)
+    rows = [con.execute(statement).fetchone() for statement in statements[-2:]]
+    names = [v["document"]["criterion"]["name"] for v in json.loads((bundle / "evidence.json").read_text())["verdicts"]]
+    assert [row[1] for row in rows] == names
+    assert all(row[2] is True and row[3] is True for row in rows), rows
+    with pytest.raises(duckdb.Error, match="disabled"):
+        con.execute("SELECT * FROM read_parquet('samples.parquet')")
+
+
+def test_the_bundle_readme_says_how_to_re_hash_it_and_its_command_works(bundle):
+    """README.md's re-hash command, run as it is written from the bundle's folder, says True."""
+    readme = (bundle / "README.md").read_text()
+    command = readme.split('`python -c "', 1)[1].split('"`', 1)[0]
+    done = subprocess.run([sys.executable, "-c", command], cwd=bundle, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "True"
