@@ -7,6 +7,7 @@ are blocks this tier served. A tier that never evicts shows `evictions == 0`.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from itertools import compress, count, filterfalse, islice, repeat
@@ -140,8 +141,10 @@ class Tier:
     ) -> list[Evicted]:
         """Store blocks of `nbytes` each (all absent here), evicting as the policy says to make room.
 
-        Returns what was evicted, oldest first, with bytes when `keep_evicted` (for demotion). Blocks that
-        cannot fit even in an empty tier land and are evicted at once, as a real tier overrun by one request.
+        Returns what was evicted, oldest first, with bytes, when `keep_evicted` (for demotion, or a caller that
+        looks at the victims); without it the list may leave out what the tier dropped unseen (the counters count
+        every eviction). Blocks that cannot fit even in an empty tier land and are evicted at once, as a real tier
+        overrun by one request.
         """
         if self.policy.stores_one_at_a_time and len(keys) > 1:
             evicted: list[Evicted] = []
@@ -204,8 +207,12 @@ class Tier:
         if self._pops_oldest and not self.backend.holds_bytes:  # the victims are the index's head: one tight loop
             popitem, index = self._index.popitem, self._index
             block_bytes = self._block_bytes
-            if block_bytes:  # blocks of one size: as many victims as the excess needs, popped in one comprehension
+            if block_bytes:  # blocks of one size: as many victims as the excess needs, popped by C loops
                 victims = min(-(-excess // block_bytes), len(index))
+                if not keep_evicted:  # counted, not kept: no object a victim
+                    deque(map(popitem, repeat(False, victims)), maxlen=0)
+                    self._count_evictions(victims, victims * block_bytes)
+                    return []
                 return self._count_evicted([Evicted(*popitem(False)) for _ in repeat(None, victims)],
                                            victims * block_bytes)  # fmt: skip
             evicted: list[Evicted] = []
@@ -243,8 +250,11 @@ class Tier:
 
     def _count_evicted(self, evicted: list[Evicted], freed: int) -> list[Evicted]:
         """Count blocks gone from the tier (`freed` bytes of them); returns them."""
+        self._count_evictions(len(evicted), freed)
+        return evicted
+
+    def _count_evictions(self, blocks: int, freed: int) -> None:
         counters = self.counters
         counters.allocated_bytes -= freed
-        counters.evictions += len(evicted)
+        counters.evictions += blocks
         counters.evicted_bytes += freed
-        return evicted

@@ -139,5 +139,5 @@ def test_engine_releases_chains_to_the_store_and_the_gpu_cache():
     for name in ("a", "b"):
         emulator.serve(Request(1, 0, 600, [f"{name}0", f"{name}1"]))
     for tier in (store_tier, gpu):
-        evicted = tier.write(["c0"], BLOCK_BYTES, is_put=False)
+        evicted = tier.write(["c0"], BLOCK_BYTES, is_put=False, keep_evicted=True)
         assert [e.key for e in evicted] == ["a1"], tier.name

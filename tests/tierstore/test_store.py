@@ -143,7 +143,7 @@ def test_chain_longer_than_tier_keeps_the_tail_and_counts_the_rest_evicted(make_
     """5 blocks into a 2-block tier: k3, k4 stay; k0..k2 are written and counted evicted at once."""
     tier = make_tier("dram", 2)
     keys = chain("k", 5)
-    evicted = tier.write(keys, block, is_put=True)
+    evicted = tier.write(keys, block, is_put=True, keep_evicted=True)
     assert [e.key for e in evicted] == ["k0", "k1", "k2"]
     assert [k in tier for k in keys] == [False, False, False, True, True]
     c = tier.counters
@@ -157,7 +157,7 @@ def test_overrun_also_evicts_resident_blocks_oldest_first(make_tier, chain, bloc
     """A 3-block write into a full 2-block tier: 1 overrun block plus both residents are evicted."""
     tier = make_tier("dram", 2)
     tier.write(["x0", "x1"], block, is_put=True)
-    evicted = tier.write(chain("k", 3), block, is_put=True)
+    evicted = tier.write(chain("k", 3), block, is_put=True, keep_evicted=True)
     assert [e.key for e in evicted] == ["k0", "x0", "x1"]
     assert tier.counters.allocated_bytes == 200
     assert tier.counters.evictions == 3
