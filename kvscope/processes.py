@@ -135,9 +135,7 @@ class OwnedProcess:
 
     def listening(self) -> list[Listener]:
         """The TCP sockets this process and the processes it started listen on, now."""
-        inodes = self._socket_inodes()
-        return sorted({listener for listener, inode in _listen_table() if inode in inodes},
-                      key=lambda listener: (listener.port, listener.address))  # fmt: skip
+        return _listeners_of(self._socket_inodes())
 
     def unix_listening(self) -> list[str]:
         """The paths of the Unix sockets this process and the processes it started listen on, now (`@name` for an
@@ -240,11 +238,15 @@ _LISTEN = "0A"
 def listening_sockets(pid: int) -> list[Listener]:
     """The TCP sockets process `pid` listens on, from /proc/net/tcp{,6} and its open file descriptors (all of its
     threads share them). Empty when the process is gone."""
-    inodes = _socket_inodes(pid)
+    return _listeners_of(_socket_inodes(pid))
+
+
+def _listeners_of(inodes: set[str]) -> list[Listener]:
+    """The listening TCP sockets among the socket `inodes`, by port then address."""
     if not inodes:
         return []
     found = {listener for listener, inode in _listen_table() if inode in inodes}
-    return sorted(found, key=lambda listener: listener.port)
+    return sorted(found, key=lambda listener: (listener.port, listener.address))
 
 
 def port_listeners(port: int) -> set[str]:

@@ -219,7 +219,7 @@ def export_bundle(db: Database, verdict_ids: list[int], out: Path) -> Path:
         (f"SELECT series_id, ts, value FROM samples WHERE series_id IN ({ids}) ORDER BY series_id, ts", SAMPLES),
         (f"SELECT {_CHUNK_COLUMNS} FROM sample_chunks WHERE series_id IN ({ids}) ORDER BY series_id, first_ts", CHUNKS),
     ):
-        run_sql(db.con, f"COPY ({query}) TO {_quote(str(out / name))} (FORMAT parquet)")
+        run_sql(db.con, f"COPY ({query}) TO {_literal(str(out / name))} (FORMAT parquet)")
     bundle = {"format": BUNDLE_FORMAT, "database": db.path, "exported_at": time.time(), "verdicts": verdicts}
     bundle["bundle_digest"] = bundle_digest(bundle)
     (out / MANIFEST).write_text(json.dumps(bundle, indent=2, sort_keys=True) + "\n")
@@ -377,7 +377,7 @@ _INSERT_CHUNKS = f"INSERT INTO sample_chunks SELECT *, ''::BLOB FROM ({chunk_row
 
 
 def _insert_samples(parquet: str) -> str:
-    return f"INSERT INTO samples SELECT series_id, ts, value FROM read_parquet({_quote(parquet)})"
+    return f"INSERT INTO samples SELECT series_id, ts, value FROM read_parquet({_literal(parquet)})"
 
 
 def _bundle_rows(verdicts: list[dict]) -> tuple[list[tuple], list[tuple]]:
@@ -429,9 +429,8 @@ def rerun_script(verdicts: list[dict]) -> str:
 
 def _bind(sql: str, row: tuple) -> str:
     """An INSERT with its ? placeholders written out as SQL literals, in order."""
-    parts = sql.split("?")
-    return "".join(part + (_literal(value) if index < len(row) else "") for index, (part, value) in
-                   enumerate(zip(parts, [*row, None], strict=True)))  # fmt: skip
+    first, *rest = sql.split("?")
+    return first + "".join(_literal(value) + part for value, part in zip(row, rest, strict=True))
 
 
 def _literal(value: object) -> str:
@@ -454,10 +453,8 @@ def _load_bundle(db: Database, verdicts: list[dict], bundle: Path) -> None:
     db.con.executemany(_INSERT_SERIES, series)
     run_sql(db.con, _insert_samples(str(bundle / SAMPLES)))
     run_sql(db.con, _INSERT_CHUNKS)
-    run_sql(
-        db.con,
-        f"CREATE TEMP TABLE bundle_chunks AS SELECT {_CHUNK_COLUMNS} FROM read_parquet({_quote(str(bundle / CHUNKS))})",
-    )
+    chunks = _literal(str(bundle / CHUNKS))
+    run_sql(db.con, f"CREATE TEMP TABLE bundle_chunks AS SELECT {_CHUNK_COLUMNS} FROM read_parquet({chunks})")
 
 
 def _unzipped(archive: Path, folder: Path) -> Path:
@@ -589,7 +586,3 @@ def _same_rows(left: list[dict], right: list[dict]) -> bool:
             elif x != y:
                 return False
     return True
-
-
-def _quote(path: str) -> str:
-    return "'" + path.replace("'", "''") + "'"
