@@ -180,10 +180,12 @@ class VllmArm:
         started = time.monotonic()
         planned = self.plan.rounds[index]
         reported = Counter()
-        first, request_hits = len(self.pacer.starts), []
+        first, request_hits, request_seconds = len(self.pacer.starts), [], []
         for request in requests:
             self.pacer.wait()
+            sent = time.monotonic()
             usage = self._chat(request.session, index + 1, request.prompt_tokens)
+            request_seconds.append(round(time.monotonic() - sent, 4))
             reported["prompt"] += usage["prompt_tokens"]
             request_hits.append((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
         reported["cached"] = sum(request_hits)
@@ -195,6 +197,7 @@ class VllmArm:
         row = self._row(index + 1, len(requests), planned, reported, self._last, after)
         row["late_s"] = self.pacer.take_late_s()
         row["request_start_s"] = [round(start, 4) for start in self.pacer.starts[first:]]
+        row["request_s"] = request_seconds
         row["request_hit_tokens"] = request_hits  # each response's cached tokens, in the workload's order
         self._last = after
         self.rows.append(row)
