@@ -1,6 +1,8 @@
 """The simulation contract end to end through the `kvscope` CLI, on the shipped examples."""
 
 import json
+import subprocess
+import sys
 from importlib import resources
 from pathlib import Path
 
@@ -174,3 +176,10 @@ def test_the_long_output_example_fails_save_and_load_parity_as_it_should(tmp_pat
     assert code == 1
     assert not passed["save_parity"] and not passed["load_parity"]
     assert passed["nof_delta_zero"] and passed["both_tiers_written"] and passed["prompt_tokens_conserved"]
+
+
+def test_python_dash_m_kvscope_runs_the_command_line():
+    """`python -m kvscope` is the `kvscope` script (a `python -m kvscope.cli` would import the app and do nothing)."""
+    done = subprocess.run([sys.executable, "-m", "kvscope", "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "Usage: kvscope" in done.stdout and " ab " in done.stdout, done.stdout
