@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 from kvscope.api.alerts import PREDICTED, AlertBook, ArmWatch, evaluate_round
-from kvscope.tierstore.ab import ArmRun, make_arm, observed_collapse_round
+from kvscope.tierstore.ab import ArmRun, followed_arm, make_arm, observed_collapse_round
 from kvscope.tierstore.live import ENGINES
 from kvscope.tierstore.planner import Plan, plan
 from kvscope.tierstore.scenario import ArmSpec, Scenario
@@ -177,10 +177,11 @@ class ABManager:
             recorder = ABRecorder(db, test.scenario, prefix=f"{test.id}/", store_names=lambda arm: f"{test.id}/{arm}")
             workdir = self.workdir / test.id
             for name in test.scenario.runnable_arms:
-                arms[name] = make_arm(test.scenario, name, the_plan, workdir, published_as=f"{test.id}/{name}")
-                recorder.arm_started(arms[name])
+                if followed_arm(test.scenario, name) is None:  # a follower starts when its real arm is done
+                    arms[name] = make_arm(test.scenario, name, the_plan, workdir, published_as=f"{test.id}/{name}")
+                    recorder.arm_started(arms[name])
             self._predicted(test, the_plan, firing=True)
-            self._serve(test, arms, recorder)
+            self._serve(test, the_plan, arms, recorder)
         except Exception as error:  # a failed test reports why; the service keeps running
             test.status, test.error = "failed", f"{type(error).__name__}: {error}"
             traceback.print_exc()
@@ -198,10 +199,14 @@ class ABManager:
             test.status = "stopped" if test.stop.is_set() else "finished"
         db.con.close()
 
-    def _serve(self, test: ABTest, arms: dict[str, ArmRun], recorder: ABRecorder) -> None:
+    def _serve(self, test: ABTest, the_plan: Plan, arms: dict[str, ArmRun], recorder: ABRecorder) -> None:
+        """Step the arms round by round; a mirror that follows a real arm (kvscope.tierstore.ab.followed_arm)
+        joins, into `arms`, once that arm is done."""
         pause = 60.0 / test.rounds_per_minute if test.rounds_per_minute else 0.0
-        watches = {name: ArmWatch() for name in arms}
-        tolerance = test.scenario.prediction.collapse_tolerance
+        scenario = test.scenario
+        watches = {name: ArmWatch() for name in scenario.runnable_arms}
+        followers = {real: name for name in scenario.runnable_arms if (real := followed_arm(scenario, name))}
+        tolerance = scenario.prediction.collapse_tolerance
         active = dict(arms)
         while active and not test.stop.is_set():
             for name, arm in list(active.items()):
@@ -210,6 +215,11 @@ class ABManager:
                     del active[name]
                     arm.finish()
                     recorder.arm_ended(arm)
+                    if mirror := followers.get(name):
+                        follower = make_arm(scenario, mirror, the_plan, self.workdir / test.id, f"{test.id}/{mirror}",
+                                            arm.rows)  # fmt: skip
+                        arms[mirror] = active[mirror] = follower
+                        recorder.arm_started(arms[mirror])
                     continue
                 recorder.round_done(arm, row)
                 state = test.arms[name]

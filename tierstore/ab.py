@@ -21,7 +21,7 @@ from kvscope import __version__
 from kvscope.exporters.scrape import TargetState
 from kvscope.tierstore import scenario as spec
 from kvscope.tierstore.backends import make_backend
-from kvscope.tierstore.engine import EngineEmulator, Served
+from kvscope.tierstore.engine import EngineEmulator, RequestClock, Served
 from kvscope.tierstore.live import ENGINES
 from kvscope.tierstore.mooncake_tier import MooncakeTier
 from kvscope.tierstore.planner import Plan, RoundPlan, plan
@@ -68,8 +68,8 @@ def build_store(
         if tier.policy == "mooncake":
             settings = arm.mooncake_settings
             policy = MooncakePolicy(settings.lease_ttl, settings.eviction_high_watermark, settings.eviction_ratio, seed)
-            return MooncakeTier(tier.name, tier.capacity, policy, settings.request_interval,
-                                settings.put_retry_budget > 0, backend, tier.read_bandwidth)  # fmt: skip
+            return MooncakeTier(tier.name, tier.capacity, policy, settings.put_retry_budget > 0, backend,
+                                tier.read_bandwidth)  # fmt: skip
         return Tier(tier.name, tier.capacity, make_policy(tier.policy), backend, tier.read_bandwidth)
 
     tiers = [build_tier(tier) for tier in arm.tiers]
@@ -77,15 +77,16 @@ def build_store(
     return TieredStore(tiers, arm.placement, arm.promote_on_hit, attached)
 
 
-def build_engine(scenario: spec.Scenario, store: KVStore) -> EngineEmulator:
+def build_engine(scenario: spec.Scenario, store: KVStore, clock: RequestClock | None = None) -> EngineEmulator:
     """The engine emulator; its GPU tier is `engine.gpu_cache`, or the model of a real vLLM's prefix cache (its
-    blocks but the one vLLM keeps back, freed tail first) when a mirror simulates a vLLM arm."""
+    blocks but the one vLLM keeps back, freed tail first) when a mirror simulates a vLLM arm. `clock` says when its
+    requests happen, for a store whose evictions go by time."""
     gpu_spec, real = scenario.engine.gpu_cache, scenario.engine.vllm
     gpu = Tier("gpu", gpu_spec.capacity, make_policy(gpu_spec.policy)) if gpu_spec else None
     if real is not None:
         gpu = Tier("gpu", (real.gpu_blocks - 1) * scenario.block_bytes, make_policy("tail_first"))
     return EngineEmulator(store, scenario.block_tokens, scenario.block_bytes, scenario.engine.prefill_tokens_per_s, gpu,
-                          saves_whole_chain=real is not None)  # fmt: skip
+                          saves_whole_chain=real is not None, clock=clock)  # fmt: skip
 
 
 @dataclass
@@ -117,7 +118,9 @@ class ArmRun:
     `published_as`, the arm's engine is published under that name for the `tierstore` exporter source, and a real
     store's metrics carry it as their `system`. `observed` holds the exporter states of the real store's latest
     scrape (at the start, after each round, at the end), from which the arm's tier figures were taken. A Mooncake
-    segment's model draws from `seed`; `hit_ratio_ranges` (a mirror's, from `mirror_ranges`) go into its rows.
+    segment's model draws from `seed` and runs on the arm's request pacing, or for the mirror of a real vLLM arm on
+    the request times of `real_rows`, the real arm's (kvscope.tierstore.engine.RequestClock); `hit_ratio_ranges` (a
+    mirror's, from `mirror_ranges`) go into its rows.
     """
 
     def __init__(
@@ -129,6 +132,7 @@ class ArmRun:
         published_as: str | None = None,
         seed: int = 0,
         hit_ratio_ranges: Sequence[tuple[float, float]] | None = None,
+        real_rows: Sequence[dict] = (),
     ) -> None:
         started = time.monotonic()
         self.scenario, self.name, self.plan = scenario, name, the_plan
@@ -136,7 +140,9 @@ class ArmRun:
         self.system = published_as or f"{scenario.name}/{name}"
         self.store = build_store(self.spec, scenario.block_bytes, name, workdir, self.system, seed)
         self._ranges = hit_ratio_ranges
-        self.engine = build_engine(scenario, self.store)
+        clocked = isinstance(self.store, TieredStore) and self.store.clocked
+        clock = RequestClock(self.spec.mooncake_settings.request_interval, real_rows) if clocked else None
+        self.engine = build_engine(scenario, self.store, clock)
         if published_as:
             ENGINES.publish(published_as, self.engine)
         self._rounds = enumerate(make_workload(scenario).rounds())
@@ -203,35 +209,48 @@ def make_arm(
     the_plan: Plan,
     workdir: Path | None = None,
     published_as: str | None = None,
+    real_rows: Sequence[dict] = (),
 ):
     """The arm's runner: a real vLLM engine's (kvscope.tierstore.vllm_ab) for an arm of an `engine.kind: vllm`
-    scenario, else the engine emulator's (ArmRun, also for the mirrors of vLLM arms)."""
+    scenario, else the engine emulator's (ArmRun, also for the mirrors of vLLM arms: on `real_rows`, the rows of
+    the real arm it follows, see `followed_arm`)."""
     if scenario.engine.kind == "vllm" and name in scenario.arms:
         from kvscope.tierstore.vllm_ab import VllmArm
 
         return VllmArm(scenario, name, the_plan, workdir, published_as)
-    return ArmRun(
-        scenario, name, the_plan, workdir, published_as, hit_ratio_ranges=mirror_ranges(scenario, name, the_plan)
-    )
+    ranges = mirror_ranges(scenario, name, the_plan, real_rows)
+    return ArmRun(scenario, name, the_plan, workdir, published_as, hit_ratio_ranges=ranges, real_rows=real_rows)
+
+
+def followed_arm(scenario: spec.Scenario, name: str) -> str | None:
+    """The real arm that mirror `name` follows: a vLLM arm's Mooncake segment model runs on the request times the
+    real arm recorded, so it is served once the real arm is done; None for an arm that follows none."""
+    real = name.removesuffix("_sim")
+    if name in scenario.arms or real not in scenario.arms or scenario.engine.kind != "vllm":
+        return None
+    return real if any(tier.policy == "mooncake" for tier in scenario.runnable_arms[name].tiers) else None
 
 
 MIRROR_SEEDS = 128
 """A real Mooncake master visits a batch's keys shard by shard from a random shard (kvscope.tierstore.policies.
 MooncakePolicy), so which blocks of a chain outlive an eviction is random, and a real arm's hit ratio after a
 collapse differs from run to run. The model draws the same choices from a seed: a mirror runs on this many, enough
-to reach the edges of its range (on the vLLM collapse example, round 8 of the DRAM-only arm: .176-.257 on 16 seeds,
-.176-.301 on 128 and on 200, against real runs of .18-.28)."""
+to reach the edges of its range (on the vLLM collapse example at its pacing, round 8 of the DRAM-only arm:
+.176-.257 on 16 seeds, .176-.301 on 128 and on 200, against real runs of .18-.28)."""
 
 
-def mirror_ranges(scenario: spec.Scenario, name: str, the_plan: Plan) -> list[tuple[float, float]] | None:
+def mirror_ranges(
+    scenario: spec.Scenario, name: str, the_plan: Plan, real_rows: Sequence[dict] = ()
+) -> list[tuple[float, float]] | None:
     """Per round, the lowest and the highest hit ratio of mirror `name` on MIRROR_SEEDS seeds (its rows are the
-    first seed's); None for an arm that is no mirror of a Mooncake segment."""
+    first seed's; each runs on `real_rows`' request times, as ArmRun does); None for an arm that is no mirror of a
+    Mooncake segment."""
     arm = scenario.runnable_arms[name]
     if name in scenario.arms or not arm.tiers or arm.tiers[0].policy != "mooncake":
         return None
     curves = []
     for seed in range(MIRROR_SEEDS):
-        run = ArmRun(scenario, name, the_plan, seed=seed)
+        run = ArmRun(scenario, name, the_plan, seed=seed, real_rows=real_rows)
         try:
             while run.step() is not None:
                 pass
@@ -248,13 +267,15 @@ def run_arm(
     listener: ArmListener | None = None,
     workdir: Path | None = None,
     publish: bool = False,
+    real_rows: Sequence[dict] = (),
 ) -> dict:
-    """Serve the scenario's requests on arm `name`; returns the arm's object of the contract.
+    """Serve the scenario's requests on arm `name` (a mirror that follows a real arm: on `real_rows`, its rows);
+    returns the arm's object of the contract.
 
     With `publish`, the arm's engine is published as "<scenario>/<arm>" for the `tierstore` exporter source, before
     `listener.arm_started` (a recorder's round-0 scrape).
     """
-    arm = make_arm(scenario, name, the_plan, workdir, f"{scenario.name}/{name}" if publish else None)
+    arm = make_arm(scenario, name, the_plan, workdir, f"{scenario.name}/{name}" if publish else None, real_rows)
     try:
         if listener:
             listener.arm_started(arm)
@@ -278,17 +299,22 @@ def run_ab(
     """Every arm of the scenario (mirrors included), in the contract's shape.
 
     Embedded arms run one after the other; real-store arms run at the same time, each in a thread of its own that
-    starts and stops its processes (they spend their time waiting on the store and the request pacing).
+    starts and stops its processes (they spend their time waiting on the store and the request pacing). A mirror
+    that follows a real arm (`followed_arm`) runs after it, in its thread, on the rows it recorded.
     """
     the_plan = plan(scenario)
     arms = scenario.runnable_arms
     results: dict[str, dict] = {}
     failures: list[BaseException] = []
     serialized = _Serialized(listener) if listener else None
+    followers = {real: name for name in arms if (real := followed_arm(scenario, name))}
 
     def run(name: str) -> None:
         try:
             results[name] = run_arm(scenario, name, the_plan, serialized, workdir, publish)
+            if mirror := followers.get(name):
+                rows = results[name]["rounds"]
+                results[mirror] = run_arm(scenario, mirror, the_plan, serialized, workdir, publish, rows)
         except BaseException as error:
             failures.append(error)
 
@@ -298,7 +324,7 @@ def run_ab(
         thread.start()
     try:
         for name in arms:
-            if not scenario.served_apart(name):
+            if not scenario.served_apart(name) and name not in followers.values():
                 results[name] = run_arm(scenario, name, the_plan, serialized, workdir, publish)
     finally:
         for thread in threads:

@@ -10,6 +10,7 @@ engine to that tier; a real store: the time its gets took).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvscope.tierstore.store import KVStore
@@ -31,6 +32,44 @@ class Served:
     @property
     def hit_tokens(self) -> int:
         return self.gpu_hit_tokens + self.external_hit_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class RequestTimes:
+    """When a request's KV work happens, in seconds from the arm's first request: its lookup (sent), the save of
+    its prompt's blocks (prefill done: its first token) and the save of the blocks it decoded (answered)."""
+
+    start: float
+    saved: float
+    ended: float
+
+
+class RequestClock:
+    """When each request of an arm does its KV work, for a store whose evictions go by time (Mooncake's leases).
+
+    A paced arm: request n at n x `interval`, its steps at once (the emulator takes no time). The mirror of a real
+    vLLM arm: what the real arm's rows recorded (`request_start_s`, `request_first_token_s`, `request_s`), so the
+    model's leases run out when the real store's did, whatever the speed of the machine that served it: a request
+    whose prefill took longer leases its chain later, and a chain leased later outlives an eviction. Past what the
+    rows hold, the pacing goes on from the last recorded start.
+    """
+
+    def __init__(self, interval: float, rows: Sequence[dict] = ()) -> None:
+        self.interval = interval
+        self._recorded = [
+            RequestTimes(start, start + (first or 0.0), start + wall)
+            for row in rows
+            for start, first, wall in zip(
+                row["request_start_s"], row["request_first_token_s"], row["request_s"], strict=True
+            )
+        ]
+
+    def __call__(self, number: int) -> RequestTimes:
+        recorded = self._recorded
+        if number < len(recorded):
+            return recorded[number]
+        start = (recorded[-1].start if recorded else -self.interval) + (number - len(recorded) + 1) * self.interval
+        return RequestTimes(start, start, start)
 
 
 @dataclass(slots=True)
@@ -58,8 +97,10 @@ class EngineEmulator:
         prefill_tokens_per_s: float,
         gpu_cache: Tier | None = None,
         saves_whole_chain: bool = False,
+        clock: RequestClock | None = None,
     ) -> None:
         self.store = store
+        self.clock = clock  # for a store whose evictions go by time: when each request's lookup and saves happen
         # vLLM's Mooncake connector saves a request's every block (its existence check skips the stored ones, and
         # Mooncake leases them); kvscope's client puts only the blocks after the hit
         self.saves_whole_chain = saves_whole_chain
@@ -70,19 +111,26 @@ class EngineEmulator:
         self.counters = EngineCounters()
 
     def serve(self, request: Request) -> Served:
-        keys = request.keys
+        keys, store = request.keys, self.store
         hittable = min(len(keys), (request.prompt_tokens - 1) // self.block_tokens)
+        times = self.clock(self.counters.requests) if self.clock else None
         gpu = self.gpu_cache
         gpu_blocks = gpu.read_run(keys, 0, hittable)[0] if gpu else 0
-        hit = self.store.read_prefix(keys, gpu_blocks, hittable)
+        if times:
+            store.at(times.start)
+        hit = store.read_prefix(keys, gpu_blocks, hittable)
         hit_blocks = gpu_blocks + hit.blocks
-        put_bytes = self.store.put(keys if self.saves_whole_chain else keys[hit_blocks:], self.block_bytes)
+        if times:
+            store.at(times.saved)
+        put_bytes = store.put(keys if self.saves_whole_chain else keys[hit_blocks:], self.block_bytes)
         if request.output_keys:
-            put_bytes += self.store.put(request.output_keys, self.block_bytes)
+            if times:
+                store.at(times.ended)
+            put_bytes += store.put(request.output_keys, self.block_bytes)
         if gpu:
             gpu.write(list(gpu.missing(keys[gpu_blocks:])), self.block_bytes, is_put=False)
             gpu.release(keys)
-        self.store.release(keys)
+        store.release(keys)
         recompute = request.prompt_tokens - hit_blocks * self.block_tokens
         counters = self.counters
         counters.requests += 1
@@ -91,7 +139,7 @@ class EngineEmulator:
         counters.gpu_hit_tokens += gpu_blocks * self.block_tokens
         counters.external_hit_tokens += hit.blocks * self.block_tokens
         counters.recompute_tokens += recompute
-        ttft = recompute / self.prefill_tokens_per_s + self.store.load_seconds(hit)
+        ttft = recompute / self.prefill_tokens_per_s + store.load_seconds(hit)
         return Served(
             request.prompt_tokens,
             gpu_blocks * self.block_tokens,

@@ -359,6 +359,9 @@ class MooncakeStore:
             raise
         self.observed: list[TargetState] = []
 
+    def at(self, seconds: float) -> None:
+        """Nothing to move: the real store runs on real time (the requests are paced instead)."""
+
     def read_prefix(self, keys: Sequence[Key], start: int = 0, stop: int | None = None) -> PrefixRead:
         self.pacer.wait()
         end = len(keys) if stop is None or stop > len(keys) else stop

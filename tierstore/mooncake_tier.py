@@ -2,11 +2,11 @@
 
 A real Mooncake store decides what to evict by time: the leases its lookups grant and the eviction thread's
 batches (kvscope.tierstore.policies.MooncakePolicy says what each does, after Mooncake's master). This tier runs
-that policy on a simulated clock that advances `request_interval` a request (`tick`, at each prefix read), as a
-paced real arm's requests do, and follows the client's path to a put: an existence check that leases what it finds
-(`probe`), a batch allocation that refuses what does not fit, the eviction thread after it; a client that retries a
-refused put (kvscope's own Mooncake client, within its budget) retries once the thread has evicted, one that does
-not (vLLM's connector) loses those blocks (`refused`).
+that policy on a simulated clock that its engine moves (`at`: when each request's lookup and saves happen, a
+kvscope.tierstore.engine.RequestClock), with the eviction thread's passes in between, and follows the client's path
+to a put: an existence check that leases what it finds (`probe`), a batch allocation that refuses what does not
+fit, the eviction thread after it; a client that retries a refused put (kvscope's own Mooncake client, within its
+budget) retries once the thread has evicted, one that does not (vLLM's connector) loses those blocks (`refused`).
 
 What it leaves out: the offload of an evicted block to the SSD tier is immediate (Mooncake frees the memory once the
 offload heartbeat wrote it), and soft pins, replicas and several segments do not exist here.
@@ -27,27 +27,32 @@ class MooncakeTier(Tier):
         name: str,
         capacity: int,
         policy: MooncakePolicy,
-        request_interval: float,
         retries_refused: bool,
         backend: Backend | None = None,
         read_bandwidth: float | None = None,
     ) -> None:
         super().__init__(name, capacity, policy, backend, read_bandwidth)
-        self.request_interval = request_interval
         self.retries_refused = retries_refused
         self.refused = 0  # blocks whose put was refused for good
         self._flagged = False  # an allocation failed: the eviction thread evicts even below the watermark
-        self._requests = 0
 
     @property
     def mooncake(self) -> MooncakePolicy:
         return self.policy  # type: ignore[return-value]  # the constructor takes only a MooncakePolicy
 
-    def tick(self, keep_evicted: bool = False) -> list[Evicted]:
-        """A request starts: the clock moves to its slot, and the eviction thread has run meanwhile."""
-        self.mooncake.now = self._requests * self.request_interval
-        self._requests += 1
-        return self._evict(keep_evicted)
+    def at(self, seconds: float, keep_evicted: bool = False) -> list[Evicted]:
+        """The clock moves to `seconds` (never back). Mooncake's eviction thread wakes every 10 ms: while the
+        segment stands above its watermark (or a put was refused) it evicts leases the moment they run out, a batch
+        each time, so the passes run at each lease timeout on the way, not once at the end."""
+        policy = self.mooncake
+        evicted = self._evict(keep_evicted)
+        for timeout in policy.lease_timeouts(policy.now, seconds):
+            if not self._needs_eviction():
+                break
+            policy.now = timeout
+            evicted += self._evict(keep_evicted)
+        policy.now = max(policy.now, seconds)
+        return evicted + self._evict(keep_evicted)
 
     def probe(self, keys: Sequence[Key]) -> None:
         """The client's existence check over `keys`: one batch, which leases every present block."""
@@ -87,10 +92,16 @@ class MooncakeTier(Tier):
             super().write(keys[:fitting], nbytes, payload, is_put=is_put)
         return list(keys[fitting:])
 
+    def _used(self) -> float:
+        counters = self.counters
+        return counters.allocated_bytes / counters.capacity_bytes
+
+    def _needs_eviction(self) -> bool:
+        return self._flagged or self._used() > self.mooncake.high_watermark
+
     def _evict(self, keep_evicted: bool) -> list[Evicted]:
         """One pass of Mooncake's eviction thread."""
-        counters = self.counters
-        victims = self.mooncake.batch_victims(counters.allocated_bytes / counters.capacity_bytes, self._flagged)
+        victims = self.mooncake.batch_victims(self._used(), self._flagged)
         if not victims:
             return []
         self._flagged = False

@@ -115,7 +115,7 @@ class MooncakePolicy(EvictionPolicy):
       watermark or flagged: of the objects whose lease has expired it evicts the earliest lease timeouts first,
       `ceil(objects x max(eviction_ratio, used - watermark + eviction_ratio))` of them at once.
 
-    `now` is the tier's clock, set by its MooncakeTier (kvscope.tierstore.mooncake_tier) at each request.
+    `now` is the tier's clock, moved by its MooncakeTier (kvscope.tierstore.mooncake_tier).
     """
 
     name = "mooncake"
@@ -163,6 +163,11 @@ class MooncakePolicy(EvictionPolicy):
         super().admit(keys, nbytes)
         for key in keys:
             self._lease[key] = (self.now, next(self._grants))
+
+    def lease_timeouts(self, after: float, until: float) -> list[float]:
+        """The distinct lease timeouts in (after, until], earliest first: when the eviction thread finds more to
+        evict."""
+        return sorted({lease for lease, _ in self._lease.values() if after < lease <= until})
 
     def pop_victim(self) -> tuple[Key, int]:
         """The object with the earliest lease timeout (a tier overrun by one request evicts block by block)."""

@@ -55,6 +55,8 @@ class KVStore(Protocol):
     attached: list[Tier]
     observed: list  # a real store's latest scrape (exporter target states) behind counters(); empty when embedded
 
+    def at(self, seconds: float) -> None: ...
+
     def read_prefix(self, keys: Sequence[Key], start: int = 0, stop: int | None = None) -> PrefixRead: ...
 
     def put(self, keys: Sequence[Key], nbytes: int) -> int: ...
@@ -78,6 +80,9 @@ class NoStore:
     tiers: list[Tier] = []  # noqa: RUF012 - there are none
     attached: list[Tier] = []  # noqa: RUF012
     observed: list = []  # noqa: RUF012
+
+    def at(self, seconds: float) -> None:
+        """No clock to move."""
 
     def read_prefix(self, keys: Sequence[Key], start: int = 0, stop: int | None = None) -> PrefixRead:
         return PrefixRead(0, [])
@@ -134,7 +139,7 @@ class TieredStore:
         self.placement = placement
         self.promote_on_hit = promote_on_hit
         self._keeps_bytes = any(tier.backend.holds_bytes for tier in self.tiers)
-        # tiers of a system whose lookups and clock change what it keeps (Mooncake's leases): told of each request
+        # tiers of a system whose lookups and clock change what it keeps (Mooncake's leases): told of each lookup
         self._clocked = [(index, tier) for index, tier in enumerate(self.tiers) if type(tier).probe is not Tier.probe]
         self._only_tier = self.tiers[0] if len(self.tiers) == 1 and not self._clocked else None
 
@@ -151,14 +156,25 @@ class TieredStore:
         segments = [segment[:3] for segment in self._segments(keys, start, end, read=False)]
         return PrefixHit(start, segments[-1][2] - start if segments else 0, segments)
 
+    @property
+    def clocked(self) -> bool:
+        """Whether a tier's evictions go by time (Mooncake's leases): its engine then says when each request's
+        steps happen (`at`)."""
+        return bool(self._clocked)
+
+    def at(self, seconds: float) -> None:
+        """The clock of the time-driven tiers moves to `seconds`: their background eviction has run meanwhile (what
+        it evicts moves down when demoting)."""
+        for index, tier in self._clocked:
+            evicted = tier.at(seconds, self._demotes(index))
+            if self._demotes(index):
+                self._demote(evicted, index + 1)
+
     def read_prefix(self, keys: Sequence[Key], start: int = 0, stop: int | None = None) -> PrefixRead:
         """Load the run of consecutive blocks from `start` present in some tier, as a connector's load does: the
         same segments prefix() finds, each served by its tier (hits, bytes, recency, checksums) as it is found."""
         end = len(keys) if stop is None or stop > len(keys) else stop
-        for index, tier in self._clocked:  # a request starts: the tier's clock moves, then the client's lookup
-            evicted = tier.tick(self._demotes(index))
-            if self._demotes(index):
-                self._demote(evicted, index + 1)
+        for _, tier in self._clocked:  # the client's lookup first: it leases what it finds
             tier.probe(keys[start:end])
         if self._only_tier:  # one segment, found and read in one pass
             blocks, nbytes = self._only_tier.read_run(keys, start, end)

@@ -98,7 +98,9 @@ def cpu_share(index: int, count: int) -> str:
 
 class VllmServer:
     """One `vllm serve` of a tiny model on 127.0.0.1: prefix caching on, `gpu_blocks` blocks of `block_tokens`,
-    `--enable-prompt-tokens-details` so every response's usage carries its cached tokens."""
+    `--enable-prompt-tokens-details` so every response's usage carries its cached tokens, and
+    `--enable-per-request-metrics` so it says when the engine queued the request and produced its first token (the
+    moment its prefill's blocks are saved to a connector)."""
 
     def __init__(
         self,
@@ -129,7 +131,7 @@ class VllmServer:
             "--load-format", "dummy", "--enforce-eager",
             "--enable-prefix-caching", "--block-size", str(block_tokens),
             "--num-gpu-blocks-override", str(gpu_blocks), "--max-model-len", str(max_model_len),
-            "--enable-prompt-tokens-details",
+            "--enable-prompt-tokens-details", "--enable-per-request-metrics",
             "--gpu-memory-utilization", "0.1",  # on the CPU: the share of memory vLLM reserves up front
             *extra_args,
         ]  # fmt: skip

@@ -180,12 +180,13 @@ class VllmArm:
         started = time.monotonic()
         planned = self.plan.rounds[index]
         reported = Counter()
-        first, request_hits, request_seconds = len(self.pacer.starts), [], []
+        first, request_hits, request_seconds, first_tokens = len(self.pacer.starts), [], [], []
         for request in requests:
             self.pacer.wait()
             sent = time.monotonic()
-            usage = self._chat(request.session, index + 1, request.prompt_tokens)
+            usage, metrics = self._chat(request.session, index + 1, request.prompt_tokens)
             request_seconds.append(round(time.monotonic() - sent, 4))
+            first_tokens.append(_first_token_s(metrics))
             reported["prompt"] += usage["prompt_tokens"]
             request_hits.append((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
         reported["cached"] = sum(request_hits)
@@ -198,6 +199,7 @@ class VllmArm:
         row["late_s"] = self.pacer.take_late_s()
         row["request_start_s"] = [round(start, 4) for start in self.pacer.starts[first:]]
         row["request_s"] = request_seconds
+        row["request_first_token_s"] = first_tokens
         row["request_hit_tokens"] = request_hits  # each response's cached tokens, in the workload's order
         self._last = after
         self.rows.append(row)
@@ -261,8 +263,9 @@ class VllmArm:
 
     # ------------------------------------------------------------------------------------------------ requests
 
-    def _chat(self, session: int, round_number: int, prompt_tokens: int) -> dict:
-        """The session's next turn: its conversation so far plus this round's new words; the response's usage."""
+    def _chat(self, session: int, round_number: int, prompt_tokens: int) -> tuple[dict, dict]:
+        """The session's next turn: its conversation so far plus this round's new words; the response's usage and
+        its per-request metrics."""
         w, vocab = self.scenario.workload, self.scenario.engine.vllm.vocab  # type: ignore[union-attr]
         assert isinstance(w, spec.MultiRoundWorkload) and self.server is not None
         messages = self._conversations.setdefault(session, [])
@@ -287,7 +290,7 @@ class VllmArm:
             )
         if w.output_tokens:
             messages.append({"role": "assistant", "content": content})
-        return usage
+        return usage, answer.get("metrics") or {}
 
     # ------------------------------------------------------------------------------------------------ counters
 
@@ -364,6 +367,13 @@ class VllmArm:
             "allocated_bytes": {tier: counters["allocated_bytes"] for tier, counters in tiers_after.items()},
             "ttft_s": _ttft(e0, e1, requests),
         }
+
+
+def _first_token_s(metrics: dict) -> float | None:
+    """Seconds from the engine queueing the request to its first token (vLLM's per-request metrics: queue time,
+    then scheduled to first token); None where the response does not say."""
+    queued, first = metrics.get("queue_time_ms"), metrics.get("time_to_first_token_ms")
+    return None if queued is None or first is None else round((queued + first) / 1000, 4)
 
 
 def _ttft(before: dict, after: dict, requests: int) -> dict:

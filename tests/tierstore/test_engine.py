@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvscope.tierstore.engine import EngineEmulator
-from kvscope.tierstore.policies import make_policy
+from kvscope.tierstore.engine import EngineEmulator, RequestClock, RequestTimes
+from kvscope.tierstore.mooncake_tier import MooncakeTier
+from kvscope.tierstore.policies import MooncakePolicy, make_policy
 from kvscope.tierstore.store import TieredStore
 from kvscope.tierstore.tier import Tier
 from kvscope.tierstore.workloads import Request
@@ -141,3 +142,27 @@ def test_engine_releases_chains_to_the_store_and_the_gpu_cache():
     for tier in (store_tier, gpu):
         evicted = tier.write(["c0"], BLOCK_BYTES, is_put=False, keep_evicted=True)
         assert [e.key for e in evicted] == ["a1"], tier.name
+
+
+def test_a_paced_clock_puts_every_step_of_request_n_at_n_intervals_and_a_mirror_s_at_the_real_times():
+    assert RequestClock(0.5)(3) == RequestTimes(1.5, 1.5, 1.5)
+    rows = [{"request_start_s": [0.0, 0.9], "request_first_token_s": [0.2, None], "request_s": [0.5, 0.3]}]
+    clock = RequestClock(0.8, rows)  # the real arm's second request came 0.1 s late; its engine gave no timing
+    assert [clock(0), clock(1)] == [RequestTimes(0.0, 0.2, 0.5), RequestTimes(0.9, 0.9, 1.2)]
+    assert clock(3).start == pytest.approx(2.5)  # past the rows, the pacing goes on from the last start
+
+
+def test_the_engine_leases_a_chain_when_its_prefill_is_saved_and_ends_on_the_decode_save():
+    """A Mooncake segment behind a connector that saves whole chains: the save's existence check leases the chain
+    at the request's first token, the decoded block is put when it is answered."""
+    segment = MooncakeTier("dram", blocks(100), MooncakePolicy(lease_ttl=3.0, shards=1), retries_refused=False)
+    rows = [{"request_start_s": [0.0, 0.8], "request_first_token_s": [0.1, 0.3], "request_s": [0.2, 0.5]}]
+    emulator = EngineEmulator(TieredStore([segment]), TOKENS, BLOCK_BYTES, PREFILL, saves_whole_chain=True,
+                              clock=RequestClock(0.8, rows))  # fmt: skip
+    emulator.serve(request(1034, 4, ["out0"]))
+    emulator.serve(request(1034, 4, ["out1"]))  # 4 blocks hit, looked up at 0.8, the chain saved at 1.1
+    policy = segment.mooncake
+    assert policy.now == pytest.approx(1.3)
+    assert {key: policy._lease[key][0] for key in ("k0", "out0", "out1")} == pytest.approx(
+        {"k0": 1.1 + 3.0, "out0": 0.2, "out1": 1.3}
+    )

@@ -1,7 +1,7 @@
 """The embedded model of a Mooncake segment, worked by hand: what exist, get, put and the eviction thread do, in
 which order, on the tier's clock of the requests (the real store is held against it in tests/test_mooncake_model.py).
 
-The segment holds 10 blocks of 100 B; requests are 0.1 s apart on the clock (`tick` starts the next one).
+The segment holds 10 blocks of 100 B; requests are 0.1 s apart on the clock (the helper moves it: `at`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ BLOCK = 100
 
 
 def segment(ttl: float = 0.05, watermark: float = 0.9, ratio: float = 0.05, retries: bool = True) -> MooncakeTier:
-    return MooncakeTier("dram", 10 * BLOCK, MooncakePolicy(ttl, watermark, ratio, shards=1), 0.1, retries)
+    return MooncakeTier("dram", 10 * BLOCK, MooncakePolicy(ttl, watermark, ratio, shards=1), retries)
 
 
 def keys(prefix: str, count: int) -> list[str]:
@@ -28,10 +28,10 @@ def held(tier: Tier) -> list[str]:
     return sorted(map(str, tier.policy.keys()))
 
 
-def request(tier: MooncakeTier, reads: list[str] = (), puts: list[str] = ()) -> list[str]:
-    """One request as kvscope's client makes it: the clock moves, exist over the reads, exist then put; the keys
-    evicted on the way."""
-    evicted = [block.key for block in tier.tick()]
+def request(tier: MooncakeTier, at: float, reads: list[str] = (), puts: list[str] = ()) -> list[str]:
+    """One request as kvscope's client makes it, `at` seconds: the clock moves, exist over the reads, exist then
+    put; the keys evicted on the way."""
+    evicted = [block.key for block in tier.at(at)]
     tier.probe(reads)
     tier.probe(puts)
     missing = [key for key in puts if key not in tier]
@@ -42,50 +42,50 @@ def request(tier: MooncakeTier, reads: list[str] = (), puts: list[str] = ()) -> 
 
 def test_nothing_is_evicted_at_the_watermark_and_above_it_a_batch_goes_oldest_first():
     tier = segment()
-    assert request(tier, puts=keys("a", 9)) == []  # 0.9 of the segment: not above the watermark
+    assert request(tier, 0.0, puts=keys("a", 9)) == []  # 0.9 of the segment: not above the watermark
     # 1.0 > 0.9: one batch of ceil(10 x max(0.05, 1.0 - 0.9 + 0.05)) = 2 objects, the earliest lease timeouts
-    assert request(tier, puts=["b0"]) == ["a0", "a1"]
+    assert request(tier, 0.1, puts=["b0"]) == ["a0", "a1"]
     assert tier.counters.allocated_bytes == 8 * BLOCK and tier.counters.evictions == 2
 
 
 def test_a_chain_looked_up_keeps_its_lease_and_the_blocks_put_since_go_first():
     """A lease longer than the requests' spacing (the plateau): the chain read last stays, newer puts go."""
     tier = segment(ttl=1.0)
-    request(tier, puts=keys("a", 5))  # t=0
-    request(tier, puts=keys("b", 4))  # t=0.1
+    request(tier, 0.0, puts=keys("a", 5))  # t=0
+    request(tier, 0.1, puts=keys("b", 4))  # t=0.1
     # t=0.2: a read leases a0..a4 until 1.2; the put of c0 fills the segment; b0, b1 (lease 0.1) are the oldest
-    assert request(tier, reads=keys("a", 5), puts=["c0"]) == ["b0", "b1"]
+    assert request(tier, 0.2, reads=keys("a", 5), puts=["c0"]) == ["b0", "b1"]
 
 
 def test_a_leased_block_is_never_evicted_however_large_the_batch():
     tier = segment(ttl=1.0, ratio=0.5)
-    request(tier, puts=keys("a", 9))
+    request(tier, 0.0, puts=keys("a", 9))
     # t=0.1: a is leased until 1.1; the batch would take ceil(10 x 0.6) = 6 objects, but only b0's lease has expired
-    assert request(tier, reads=keys("a", 9), puts=["b0"]) == ["b0"]
+    assert request(tier, 0.1, reads=keys("a", 9), puts=["b0"]) == ["b0"]
     assert held(tier) == keys("a", 9)
 
 
 def test_a_lease_that_ran_out_no_longer_protects():
     tier = segment(ttl=0.15)
-    request(tier, puts=keys("a", 5))  # t=0
-    request(tier, reads=keys("a", 5), puts=keys("b", 4))  # t=0.1: a leased until 0.25
-    assert request(tier, puts=["c0"]) == ["b0", "b1"]  # t=0.2: a is leased, b (0.1) is the oldest
-    assert request(tier, puts=["d0", "d1"]) == ["b2", "b3"]  # t=0.3: a's lease ran out, but at 0.25
-    assert request(tier, puts=["e0", "e1"]) == ["c0", "a0"]  # t=0.4: c0 (0.2), then a's head (0.25)
+    request(tier, 0.0, puts=keys("a", 5))  # t=0
+    request(tier, 0.1, reads=keys("a", 5), puts=keys("b", 4))  # t=0.1: a leased until 0.25
+    assert request(tier, 0.2, puts=["c0"]) == ["b0", "b1"]  # t=0.2: a is leased, b (0.1) is the oldest
+    assert request(tier, 0.3, puts=["d0", "d1"]) == ["b2", "b3"]  # t=0.3: a's lease ran out, but at 0.25
+    assert request(tier, 0.4, puts=["e0", "e1"]) == ["c0", "a0"]  # t=0.4: c0 (0.2), then a's head (0.25)
 
 
 def test_one_lookup_grants_its_keys_in_order_so_the_first_read_is_evicted_first():
     """Mooncake takes `now` per key: a chain's head, looked up first, is a little older than its tail."""
     tier = segment()
-    request(tier, puts=keys("a", 9))  # t=0
-    request(tier, reads=keys("a", 9)[::-1])  # t=0.1: leased until 0.15, a8 first
-    assert request(tier, puts=["b0"]) == ["a8", "a7"]  # t=0.2: every lease ran out; the earliest grants go
+    request(tier, 0.0, puts=keys("a", 9))  # t=0
+    request(tier, 0.1, reads=keys("a", 9)[::-1])  # t=0.1: leased until 0.15, a8 first
+    assert request(tier, 0.2, puts=["b0"]) == ["a8", "a7"]  # t=0.2: every lease ran out; the earliest grants go
 
 
 def test_a_put_that_does_not_fit_is_refused_and_a_client_that_does_not_retry_loses_it():
     tier = segment(watermark=1.0, retries=False)  # no eviction before the segment is full
-    request(tier, puts=keys("a", 9))
-    evicted = request(tier, puts=keys("b", 3))  # b0 fits, b1 and b2 are refused (-200)
+    request(tier, 0.0, puts=keys("a", 9))
+    evicted = request(tier, 0.1, puts=keys("b", 3))  # b0 fits, b1 and b2 are refused (-200)
     assert "b0" in tier and "b1" not in tier and "b2" not in tier and tier.refused == 2
     # the failed allocation flagged the eviction thread: it evicts though the segment is not above the watermark
     assert evicted == ["a0"]
@@ -93,31 +93,62 @@ def test_a_put_that_does_not_fit_is_refused_and_a_client_that_does_not_retry_los
 
 def test_a_retrying_client_gets_its_blocks_in_once_the_thread_has_evicted():
     tier = segment(watermark=1.0, retries=True)
-    request(tier, puts=keys("a", 10))
-    assert request(tier, puts=keys("b", 2)) == ["a0", "a1"]  # one object a pass, each pass making room for one
+    request(tier, 0.0, puts=keys("a", 10))
+    assert request(tier, 0.1, puts=keys("b", 2)) == ["a0", "a1"]  # one object a pass, each pass making room for one
     assert "b0" in tier and "b1" in tier and tier.refused == 0
 
 
 def test_a_put_of_a_present_block_leases_it_instead_of_writing_it():
     tier = segment(ttl=1.0)
-    request(tier, puts=keys("a", 5))
-    request(tier, puts=keys("b", 4))
-    request(tier, puts=["a0", "a1", "a2", "a3", "a4"])  # present: only leased (until 1.2), nothing written
+    request(tier, 0.0, puts=keys("a", 5))
+    request(tier, 0.1, puts=keys("b", 4))
+    request(tier, 0.2, puts=["a0", "a1", "a2", "a3", "a4"])  # present: only leased (until 1.2), nothing written
     assert tier.counters.puts == 9
-    assert request(tier, puts=["c0"]) == ["b0", "b1"]
+    assert request(tier, 0.3, puts=["c0"]) == ["b0", "b1"]
 
 
 @pytest.mark.parametrize("placement", ["demote", "replicate"])
 def test_in_a_tiered_store_what_the_segment_evicts_is_offloaded_when_demoting(placement):
     ssd = Tier("ssd", 100 * BLOCK, LruPolicy())
     store = TieredStore([segment(), ssd], placement)
-    for session in "abcd":
+    for number, session in enumerate("abcd"):
+        store.at(0.1 * number)
         store.read_prefix(keys(session, 3))
         store.put(keys(session, 3), BLOCK)
     assert store.tiers[0].counters.evictions > 0
     evicted = [key for key in keys("a", 3) if key not in store.tiers[0]]
     assert evicted and all(key in ssd for key in evicted)
     assert store.read_prefix(keys("a", 3)).blocks == 3  # the chain is whole across the two tiers
+
+
+def test_a_flagged_thread_evicts_each_lease_as_it_runs_out_not_one_batch_when_the_clock_next_moves():
+    """A full segment whose every block is leased refuses a put and flags the eviction thread, which can evict
+    nothing yet. It wakes every 10 ms: the first lease to run out (a0's, at 1.0) goes at once, a batch of one, and
+    the flag with it; a single pass at 1.5 would have found three run out and taken a batch of three."""
+    tier = segment(ttl=1.0, watermark=1.0, ratio=0.3, retries=False)
+    request(tier, 0.0, puts=keys("a", 10))
+    for index, key in enumerate(keys("a", 10)):
+        tier.at(0.01 * index)
+        tier.probe([key])  # a_i leased until 1.0 + 0.01 i
+    assert request(tier, 0.2, puts=["b0"]) == [] and tier.refused == 1
+    assert [block.key for block in tier.at(1.5)] == ["a0"]
+    assert tier.counters.allocated_bytes == 9 * BLOCK
+
+
+@pytest.mark.parametrize(("a_saved_at", "evicted"), [(0.3, ["b0", "b1", "b2"]), (0.05, ["a0", "a1", "a2"])])
+def test_a_chain_saved_later_outlives_the_eviction_that_a_chain_saved_earlier_does_not(a_saved_at, evicted):
+    """vLLM's connector leases a request's whole chain when its prefill is done. b's save was at 0.15: a chain whose
+    save came later (a slower prefill) is kept when the segment overflows at 1.2 and b goes; one saved earlier goes
+    first."""
+    tier = segment(ttl=1.0, ratio=0.2)
+    tier.write(keys("a", 4), BLOCK, is_put=True)
+    tier.write(keys("b", 4), BLOCK, is_put=True)
+    for at, chain in sorted([(0.15, "b"), (a_saved_at, "a")]):
+        tier.at(at)
+        tier.probe(keys(chain, 4))
+    tier.at(1.2)
+    # 10 blocks, above the watermark: a batch of ceil(10 x 0.3) = 3, the earliest lease timeouts
+    assert [block.key for block in tier.write(keys("c", 2), BLOCK, is_put=True)] == evicted
 
 
 def test_a_batch_leases_shard_by_shard_from_a_random_start_so_a_chain_is_leased_out_of_order():
