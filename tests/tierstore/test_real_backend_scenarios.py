@@ -7,6 +7,8 @@ import copy
 
 import pytest
 
+from kvscope.tierstore.ab import ArmRun, followed_arm
+from kvscope.tierstore.engine import RequestTimes
 from kvscope.tierstore.planner import plan
 from kvscope.tierstore.scenario import ScenarioError, parse_scenario
 from kvscope.tierstore.vllm import cpu_share
@@ -98,6 +100,27 @@ def test_the_mirror_of_a_vllm_arm_puts_as_its_connector_does_without_retrying():
     scenario = parse_scenario(changed(VLLM, lambda s: arm(s).update(mirror=True)))
     assert scenario.runnable_arms["a_sim"].mooncake.put_retry_budget == 0
     assert scenario.arms["a"].mooncake_settings.put_retry_budget > 0
+
+
+def test_the_mirror_of_a_vllm_arm_with_a_mooncake_segment_follows_it_on_its_recorded_request_times():
+    """Only a Mooncake segment's model runs on the real arm's clock (and so after it): vLLM alone has no leases, and
+    kvscope's own Mooncake client keeps the scenario's pacing."""
+    both = {"mirror": True}
+    scenario = parse_scenario(
+        changed(VLLM, lambda s: s["arms"].update(a=arm(s) | both, alone={"store": "none"} | both))
+    )
+    assert {name: followed_arm(scenario, name) for name in scenario.runnable_arms} == {
+        "a": None,
+        "a_sim": "a",
+        "alone": None,
+        "alone_sim": None,
+    }
+    own_client = parse_scenario(changed(MOONCAKE, lambda s: arm(s).update(mirror=True)))
+    assert followed_arm(own_client, "a_sim") is None
+    rows = [{"request_start_s": [0.0, 0.9], "request_first_token_s": [0.4, 0.1], "request_s": [0.6, 0.2]}]
+    mirror = ArmRun(scenario, "a_sim", plan(scenario), real_rows=rows)
+    assert mirror.engine.clock(1) == RequestTimes(0.9, 1.0, 1.1)
+    assert ArmRun(scenario, "alone_sim", plan(scenario)).engine.clock is None
 
 
 def test_a_vllm_arm_without_tiers_is_vllm_alone_predicted_on_its_prefix_cache():
