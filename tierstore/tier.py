@@ -189,9 +189,9 @@ class Tier:
         """The request using this chain finished (chain-aware policies reorder its blocks)."""
         self.policy.release(keys)
 
-    def tick(self, keep_evicted: bool = False) -> list[Evicted]:
-        """A request starts. Only a tier on a clock (kvscope.tierstore.mooncake_tier) does anything, and may
-        evict: what it evicted."""
+    def at(self, seconds: float, keep_evicted: bool = False) -> list[Evicted]:
+        """The clock moves to `seconds`. Only a tier whose evictions go by time (kvscope.tierstore.mooncake_tier)
+        does anything, and may evict: what it evicted."""
         return []
 
     def probe(self, keys: Sequence[Key]) -> None:
