@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 from kvscope.api.alerts import PREDICTED, AlertBook, ArmWatch, evaluate_round
-from kvscope.tierstore.ab import ArmRun, followed_arm, make_arm, observed_collapse_round
+from kvscope.tierstore.ab import ArmRun, followed_arm, followers, make_arm, observed_collapse_round
 from kvscope.tierstore.live import ENGINES
 from kvscope.tierstore.planner import Plan, plan
 from kvscope.tierstore.scenario import ArmSpec, Scenario
@@ -205,7 +205,7 @@ class ABManager:
         pause = 60.0 / test.rounds_per_minute if test.rounds_per_minute else 0.0
         scenario = test.scenario
         watches = {name: ArmWatch() for name in scenario.runnable_arms}
-        followers = {real: name for name in scenario.runnable_arms if (real := followed_arm(scenario, name))}
+        following = followers(scenario)
         tolerance = scenario.prediction.collapse_tolerance
         active = dict(arms)
         while active and not test.stop.is_set():
@@ -215,7 +215,7 @@ class ABManager:
                     del active[name]
                     arm.finish()
                     recorder.arm_ended(arm)
-                    if mirror := followers.get(name):
+                    if mirror := following.get(name):
                         follower = make_arm(scenario, mirror, the_plan, self.workdir / test.id, f"{test.id}/{mirror}",
                                             arm.rows)  # fmt: skip
                         arms[mirror] = active[mirror] = follower

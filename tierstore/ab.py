@@ -222,6 +222,11 @@ def make_arm(
     return ArmRun(scenario, name, the_plan, workdir, published_as, hit_ratio_ranges=ranges, real_rows=real_rows)
 
 
+def followers(scenario: spec.Scenario) -> dict[str, str]:
+    """Each real arm that a mirror follows (`followed_arm`), with that mirror."""
+    return {real: name for name in scenario.runnable_arms if (real := followed_arm(scenario, name))}
+
+
 def followed_arm(scenario: spec.Scenario, name: str) -> str | None:
     """The real arm that mirror `name` follows: a vLLM arm's Mooncake segment model runs on the request times the
     real arm recorded, so it is served once the real arm is done; None for an arm that follows none."""
@@ -307,12 +312,12 @@ def run_ab(
     results: dict[str, dict] = {}
     failures: list[BaseException] = []
     serialized = _Serialized(listener) if listener else None
-    followers = {real: name for name in arms if (real := followed_arm(scenario, name))}
+    following = followers(scenario)
 
     def run(name: str) -> None:
         try:
             results[name] = run_arm(scenario, name, the_plan, serialized, workdir, publish)
-            if mirror := followers.get(name):
+            if mirror := following.get(name):
                 rows = results[name]["rounds"]
                 results[mirror] = run_arm(scenario, mirror, the_plan, serialized, workdir, publish, rows)
         except BaseException as error:
@@ -324,7 +329,7 @@ def run_ab(
         thread.start()
     try:
         for name in arms:
-            if not scenario.served_apart(name) and name not in followers.values():
+            if not scenario.served_apart(name) and name not in following.values():
                 results[name] = run_arm(scenario, name, the_plan, serialized, workdir, publish)
     finally:
         for thread in threads:
