@@ -11,6 +11,7 @@ from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from itertools import compress, count, filterfalse, islice, repeat
+from operator import length_hint
 
 from kvscope.tierstore.backends import Backend
 from kvscope.tierstore.policies import EvictionPolicy
@@ -18,6 +19,7 @@ from kvscope.tierstore.policies import EvictionPolicy
 Key = Hashable
 Payload = bytes | memoryview
 PayloadSource = Callable[[Key, int], Payload]
+LONG_RUN = 16  # blocks of a run read by a Python loop before the rest goes to a C loop (Tier.read_run)
 
 
 @dataclass(slots=True)
@@ -66,7 +68,11 @@ class Tier:
         self.read_bandwidth = read_bandwidth
         self.counters = TierCounters(capacity_bytes=capacity)
         self._index = policy.index
-        self._refresh = policy.refresh
+        # What a read does to each block it serves: the policy's refresh, else a plain lookup. Whether it raises
+        # KeyError on a block the tier lacks (a lookup, LRU's move_to_end: not Mooncake's leases or LMCache's pins)
+        # decides if a long run may be read by a C loop (read_run).
+        self._read = policy.refresh or self._index.__getitem__
+        self._read_raises = policy.refresh is None or policy.refresh == self._index.move_to_end
         # the policy evicts in its index's order (lru, fifo, tail_first): eviction needs no call per block
         self._pops_oldest = type(policy).pop_victim is EvictionPolicy.pop_victim
         self._verifies = self.backend.holds_bytes
@@ -106,18 +112,21 @@ class Tier:
         """Serve the run of consecutive blocks this tier holds from `keys[start]` (before `end`, at most
         len(keys)): count hits and bytes, refresh each block as the policy does, verify real bytes. Returns
         (blocks, bytes) read. Finding the run and refreshing it is one pass, one probe per block: every hit's path.
+        A Python loop serves a run's first LONG_RUN blocks (most runs of real traces end there), a C loop the rest
+        of a longer one (_read_long_run) when the policy's read raises on an absent block.
         """
-        refresh = self._refresh
-        if refresh is None:
-            run = self.run_length(keys, start, end)
+        end = min(end, len(keys))
+        head_end = min(end, start + LONG_RUN) if self._read_raises else end
+        read, index, run = self._read, self._index, max(head_end - start, 0)
+        for position in range(start, head_end):
+            key = keys[position]
+            if key not in index:
+                run = position - start
+                break
+            read(key)
         else:
-            index, run = self._index, max(end - start, 0)
-            for position in range(start, end):
-                key = keys[position]
-                if key not in index:
-                    run = position - start
-                    break
-                refresh(key)
+            if head_end < end:
+                run += self._read_long_run(keys, head_end, end)
         if not run:
             return 0, 0
         block_bytes = self._block_bytes
@@ -129,6 +138,17 @@ class Tier:
             for key in keys[start : start + run]:
                 self.backend.verify(key)
         return run, nbytes
+
+    def _read_long_run(self, keys: Sequence[Key], start: int, end: int) -> int:
+        """The length of the run from `keys[start]` (before `end`), each block read: map() applies the read to
+        the blocks until the first absent one raises KeyError, and the iterator's remaining length says where.
+        Not for a short run: the exception costs as much as a dozen blocks of the Python loop."""
+        rest = iter(keys[start:end] if isinstance(keys, list | tuple) else list(islice(keys, start, end)))
+        try:
+            deque(map(self._read, rest), maxlen=0)
+        except KeyError:
+            return end - start - length_hint(rest) - 1
+        return end - start
 
     def write(
         self,

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 
 from kvscope.tierstore.ab import run_ab
-from kvscope.tierstore.policies import make_policy
+from kvscope.tierstore.policies import POLICIES, make_policy
 from kvscope.tierstore.store import TieredStore
-from kvscope.tierstore.tier import Tier
+from kvscope.tierstore.tier import LONG_RUN, Tier
 
 
 def counters(store: TieredStore, tier: str, *names: str) -> tuple[int, ...]:
@@ -66,6 +66,26 @@ def test_read_refreshes_the_run_only_not_blocks_after_its_first_miss(make_tier, 
     assert tier.read_run(a, 0, 3) == (1, block)
     assert (tier.counters.hits, tier.counters.read_bytes) == (1, block)
     assert drain(tier.policy) == ["a2", "b0", "a0"]
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("held", [0, 1, LONG_RUN - 1, LONG_RUN, LONG_RUN + 1, 3 * LONG_RUN, 5 * LONG_RUN])
+@pytest.mark.parametrize("end", [LONG_RUN, LONG_RUN + 1, 4 * LONG_RUN, 10 * LONG_RUN])
+def test_a_run_of_any_length_is_read_as_block_by_block(make_tier, chain, block, drain, policy, held, end):
+    """Runs shorter and longer than LONG_RUN (whose rest a C loop reads), ending at a hole or at `end`: the same
+    run, hits and eviction order as reading and refreshing one block at a time."""
+    keys = chain("k", 5 * LONG_RUN + 3)
+    expected = min(held, end)
+    tier = make_tier("dram", 10 * LONG_RUN, policy)
+    reference = make_tier("dram", 10 * LONG_RUN, policy)
+    for each in (tier, reference):
+        each.write([*keys[:held], "other"], block, is_put=True)
+        each.write(keys[held + 1 :], block, is_put=True)  # present after the hole: never part of the run
+    assert tier.read_run(keys, 0, end) == ((expected, expected * block) if expected else (0, 0))
+    for key in keys[:expected]:
+        assert reference.read_run([key], 0, 1) == (1, block)
+    assert tier.counters.hits == reference.counters.hits == expected
+    assert drain(tier.policy) == drain(reference.policy)
 
 
 def test_fifo_read_counts_hits_without_reordering(make_tier, chain, block, drain):
