@@ -45,7 +45,7 @@ class MooncakeTier(Tier):
         segment stands above its watermark (or a put was refused) it evicts leases the moment they run out, a batch
         each time, so the passes run at each lease timeout on the way, not once at the end."""
         policy, evicted = self.mooncake, []  # the pass at the current time ran after the last write
-        for timeout in policy.lease_timeouts(policy.now, seconds):
+        for timeout in policy.lease_timeouts(seconds):
             if not self._needs_eviction():
                 break
             policy.now = timeout
@@ -55,8 +55,14 @@ class MooncakeTier(Tier):
 
     def probe(self, keys: Sequence[Key]) -> None:
         """The client's existence check over `keys`: one batch, which leases every present block."""
-        index = self._index
-        self.mooncake.grant_batch([key for key in keys if key in index])
+        self.mooncake.grant_batch(list(filter(self._index.__contains__, keys)))
+
+    def read_run(self, keys: Sequence[Key], start: int, end: int) -> tuple[int, int]:
+        """A get of the run: it leases what it reads, head first."""
+        blocks, nbytes = super().read_run(keys, start, end)
+        if blocks:
+            self.mooncake.grant(keys[start : start + blocks])
+        return blocks, nbytes
 
     def write(
         self,
@@ -75,10 +81,10 @@ class MooncakeTier(Tier):
             self._flagged = True
             if not self.retries_refused:
                 break
-            freed = self._evict(keep_evicted)
-            if not freed:
+            before = self.counters.evictions
+            evicted += self._evict(keep_evicted)
+            if self.counters.evictions == before:
                 break
-            evicted += freed
             refused = self._allocate(refused, nbytes, payload, is_put)
         self.refused += len(refused)
         return evicted + self._evict(keep_evicted)
@@ -100,8 +106,8 @@ class MooncakeTier(Tier):
 
     def _evict(self, keep_evicted: bool) -> list[Evicted]:
         """One pass of Mooncake's eviction thread."""
-        victims = self.mooncake.batch_victims(self._used(), self._flagged)
+        victims = self.mooncake.pop_batch(self._used(), self._flagged)
         if not victims:
             return []
         self._flagged = False
-        return self._drop(((key, self.mooncake.discard(key)) for key in victims), keep_evicted)
+        return self._drop(victims, keep_evicted)

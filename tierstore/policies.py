@@ -12,13 +12,13 @@ it takes about 40% off the read.
 
 from __future__ import annotations
 
-import heapq
 import math
 import random
 import zlib
-from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterable, Sequence
-from itertools import count, repeat
+from collections import OrderedDict, deque
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from itertools import filterfalse, islice, repeat
+from operator import mod, sub
 from typing import ClassVar
 
 Key = Hashable
@@ -59,6 +59,16 @@ class EvictionPolicy:
     def pop_victim(self) -> tuple[Key, int]:
         """Remove and return the next block to evict with its size."""
         return self._blocks.popitem(last=False)
+
+    def pop_victims(self, count: int) -> list[tuple[Key, int]]:
+        """The next `count` victims with their sizes (fewer if the index runs out), removed: what `count` calls of
+        pop_victim give, in one call a policy may make cheaper."""
+        return [self.pop_victim() for _ in repeat(None, min(count, len(self._blocks)))]
+
+    def evictable(self) -> int:
+        """How many resident blocks are victims before any block admitted from now on (all of them, but for
+        blocks the policy protects, as LMCache's pinned chunks)."""
+        return len(self._blocks)
 
     def discard(self, key: Key) -> int:
         """Forget one block (moved to another tier); returns its size, 0 if it was not here."""
@@ -133,64 +143,119 @@ class MooncakePolicy(EvictionPolicy):
         super().__init__()
         self.lease_ttl, self.high_watermark, self.eviction_ratio = lease_ttl, high_watermark, eviction_ratio
         self.shards = shards
-        self.now = 0.0
-        self._lease: dict[Key, tuple[float, int]] = {}  # lease timeout, then the grant's order (its nanoseconds)
-        self._grants = count()
+        self._now = 0.0
+        # Each block's lease timeout; the blocks whose lease has run out, in the order of their timeouts (the
+        # eviction thread's order: a put's lease is its own time, so a put joins at once, a lookup's joins when the
+        # clock passes it); and the blocks still leased, by timeout (each a batch in grant order, earliest first)
+        self._lease: dict[Key, float] = {}
+        self._run_out: dict[Key, None] = {}  # a dict keeps insertion order, cheaper than an OrderedDict
+        self._leased: dict[float, dict[Key, None]] = {}
         self._random = random.Random(seed)
         self._salt = self._random.getrandbits(64)  # a key's shard, as a real run's keys hash to shards at random
-        self.refresh = self.grant
+
+    @property
+    def now(self) -> float:
+        """The master's clock, moved by its MooncakeTier (kvscope.tierstore.mooncake_tier)."""
+        return self._now
+
+    @now.setter
+    def now(self, seconds: float) -> None:
+        """The clock moves on (never back): the leases it passes run out, and their blocks join the eviction order
+        in the order of their timeouts."""
+        if seconds < self._now:
+            raise ValueError(f"the Mooncake model's clock goes forward only: {seconds} s after {self._now} s")
+        self._now = seconds
+        leased = self._leased
+        while leased:
+            timeout = next(iter(leased))
+            if timeout > seconds:
+                break
+            self._run_out.update(leased.pop(timeout))
 
     def shard(self, key: Key) -> int:
         """The metadata shard of `key`, a function of the key and the seed that is the same in every process
         (Python salts the hash of bytes and str: a vLLM block hash is read as the integer it is)."""
-        if isinstance(key, bytes):
-            key = int.from_bytes(key[:8], "big")
-        elif isinstance(key, str):
-            key = zlib.crc32(key.encode())
-        return hash((self._salt, key)) % self.shards
+        return next(self._shards([key]))
 
-    def grant(self, key: Key) -> None:
-        """A read lease for a present block (exist or get)."""
-        timeout = self.now + self.lease_ttl
-        if self._lease[key][0] < timeout:
-            self._lease[key] = (timeout, next(self._grants))
+    def _shards(self, keys: Sequence[Key]) -> Iterator[int]:
+        """The shards of `keys`, hashed by C loops when the keys are integers (the chains kvscope generates)."""
+        numbers = keys if set(map(type, keys)) <= {int} else map(_shard_number, keys)
+        return map(mod, map(hash, zip(repeat(self._salt), numbers)), repeat(self.shards))
+
+    def grant(self, keys: Sequence[Key]) -> None:
+        """Read leases for present `keys` (exist or get), in this order:
+        `lease_timeout = max(lease_timeout, now + lease_ttl)`; a block leased at this moment already keeps its
+        place."""
+        timeout, lease, now = self._now + self.lease_ttl, self._lease, self._now
+        fresh = [key for key in keys if lease[key] < timeout]
+        if not fresh:
+            return
+        for key in [key for key in fresh if lease[key] > now]:  # leased still, by an earlier lookup
+            self._leased[lease[key]].pop(key, None)
+        deque(map(self._run_out.pop, fresh, repeat(None)), maxlen=0)
+        joined = self._run_out if timeout <= now else self._leased.setdefault(timeout, {})
+        joined.update(zip(fresh, repeat(None)))
+        lease.update(zip(fresh, repeat(timeout)))
 
     def grant_batch(self, keys: Sequence[Key]) -> None:
         """One batch call's leases over present `keys`, in the order the master visits them."""
         start, shards = self._random.randrange(self.shards), self.shards
-        for key in sorted(keys, key=lambda key: (start - self.shard(key)) % shards):
-            self.grant(key)
+        if len(keys) > 1 and shards > 1:
+            ranks = list(map(mod, map(sub, repeat(start), self._shards(keys)), repeat(shards)))
+            keys = list(map(keys.__getitem__, sorted(range(len(keys)), key=ranks.__getitem__)))  # stable
+        self.grant(keys)
 
     def admit(self, keys: Sequence[Key], nbytes: int) -> None:
         super().admit(keys, nbytes)
-        for key in keys:
-            self._lease[key] = (self.now, next(self._grants))
+        self._run_out.update(zip(keys, repeat(None)))
+        self._lease.update(zip(keys, repeat(self._now)))
 
-    def lease_timeouts(self, after: float, until: float) -> list[float]:
-        """The distinct lease timeouts in (after, until], earliest first: when the eviction thread finds more to
-        evict."""
-        return sorted({lease for lease, _ in self._lease.values() if after < lease <= until})
+    def lease_timeouts(self, until: float) -> list[float]:
+        """The lease timeouts ahead of the clock, up to `until`, earliest first: when the eviction thread finds
+        more to evict."""
+        return [timeout for timeout, batch in self._leased.items() if batch and timeout <= until]
 
     def pop_victim(self) -> tuple[Key, int]:
         """The object with the earliest lease timeout (a tier overrun by one request evicts block by block)."""
-        key = min(self._lease, key=self._lease.__getitem__)
-        del self._lease[key]
-        return key, self._blocks.pop(key)
+        return self.pop_victims(1)[0]
+
+    def pop_victims(self, count: int) -> list[tuple[Key, int]]:
+        victims = self._remove(list(islice(self._run_out, count)))
+        for batch in self._leased.values():  # an overrun past every run-out lease: the earliest leased ones
+            for key in list(islice(batch, count - len(victims))):
+                victims.append((key, self.discard(key)))
+        return victims
 
     def discard(self, key: Key) -> int:
-        self._lease.pop(key, None)
+        timeout = self._lease.pop(key, None)
+        if key in self._run_out:
+            del self._run_out[key]
+        elif timeout is not None:
+            del self._leased[timeout][key]
         return super().discard(key)
 
-    def batch_victims(self, used_ratio: float, flagged: bool) -> list[Key]:
-        """What one BatchEvict removes now (nothing below the watermark unless an allocation failed), oldest
-        lease first; the caller drops them."""
+    def pop_batch(self, used_ratio: float, flagged: bool) -> list[tuple[Key, int]]:
+        """What one BatchEvict removes now, with sizes (nothing below the watermark unless an allocation failed):
+        of the leases run out, the earliest first."""
         if not self._blocks or (used_ratio <= self.high_watermark and not flagged):
             return []
         target = max(self.eviction_ratio, used_ratio - self.high_watermark + self.eviction_ratio)
-        wanted = math.ceil(len(self._blocks) * target)
-        now = self.now
-        expired = [(lease, key) for key, lease in self._lease.items() if lease[0] <= now]
-        return [key for _, key in heapq.nsmallest(wanted, expired, key=lambda item: item[0])]
+        return self._remove(list(islice(self._run_out, math.ceil(len(self._blocks) * target))))
+
+    def _remove(self, keys: list[Key]) -> list[tuple[Key, int]]:
+        """Take out blocks whose leases have run out, by C loops; (key, size) of each."""
+        deque(map(self._lease.pop, keys), maxlen=0)
+        deque(map(self._run_out.pop, keys), maxlen=0)
+        return list(zip(keys, map(self._blocks.pop, keys), strict=True))
+
+
+def _shard_number(key: Key) -> Key:
+    """What Mooncake's shard of a key is hashed from here: bytes and str as numbers (their hashes are salted)."""
+    if isinstance(key, bytes):
+        return int.from_bytes(key[:8], "big")
+    if isinstance(key, str):
+        return zlib.crc32(key.encode())
+    return key
 
 
 class LmcachePolicy(EvictionPolicy):
@@ -238,12 +303,21 @@ class LmcachePolicy(EvictionPolicy):
 
     def pop_victim(self) -> tuple[Key, int]:
         """The least recent chunk not pinned (pinned chunks sit at the recent end, so the scan is short)."""
+        return self.pop_victims(1)[0]
+
+    def pop_victims(self, count: int) -> list[tuple[Key, int]]:
+        """The `count` least recent chunks not pinned, then (a tier smaller than a request's prefix) the oldest
+        pinned ones."""
         self._end_lookup()
-        blocks, pinned = self._blocks, self._pinned
-        for key in blocks:
-            if key not in pinned:
-                return key, blocks.pop(key)
-        return blocks.popitem(last=False)
+        blocks = self._blocks
+        unpinned = list(islice(filterfalse(self._pinned.__contains__, blocks), count))
+        victims = list(zip(unpinned, map(blocks.pop, unpinned), strict=True))
+        while len(victims) < count and blocks:
+            victims.append(blocks.popitem(last=False))
+        return victims
+
+    def evictable(self) -> int:
+        return max(0, len(self._blocks) - len(self._pinned))  # pins of chunks gone already make it an underestimate
 
     def release(self, keys: Sequence[Key]) -> None:
         self._end_lookup()

@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from itertools import compress, count, filterfalse, islice, repeat
-from operator import length_hint
+from operator import itemgetter, length_hint
 
 from kvscope.tierstore.backends import Backend
 from kvscope.tierstore.policies import EvictionPolicy
@@ -166,7 +166,7 @@ class Tier:
         every eviction). Blocks that cannot fit even in an empty tier land and are evicted at once, as a real tier
         overrun by one request.
         """
-        if self.policy.stores_one_at_a_time and len(keys) > 1:
+        if self.policy.stores_one_at_a_time and len(keys) > 1 and not self._evicts_as_one_at_a_time(len(keys), nbytes):
             evicted: list[Evicted] = []
             for key in keys:
                 evicted += self.write([key], nbytes, payload, is_put=is_put, keep_evicted=keep_evicted)
@@ -218,6 +218,16 @@ class Tier:
         """The client's existence check before a read or a put. Only a tier whose system leases what such a check
         finds (Mooncake) does anything."""
 
+    def _evicts_as_one_at_a_time(self, blocks: int, nbytes: int) -> bool:
+        """Whether writing `blocks` blocks of `nbytes` at once evicts what writing them one at a time would (a
+        system that stores so, as LMCache): when every block here has that size, they fit in the tier, and the
+        victims they need are blocks already here that go before any new one (then none of them is a victim)."""
+        counters = self.counters
+        if self._block_bytes not in (None, nbytes) or not nbytes or blocks * nbytes > counters.capacity_bytes:
+            return False
+        excess = counters.allocated_bytes + blocks * nbytes - counters.capacity_bytes
+        return excess <= 0 or -(-excess // nbytes) <= self.policy.evictable()
+
     def _make_room(self, needed: int, keep_evicted: bool) -> list[Evicted]:
         """Evict victims, as the policy orders them, until `needed` more bytes fit."""
         counters = self.counters
@@ -242,6 +252,8 @@ class Tier:
                 freed += size
                 evicted.append(Evicted(key, size))
             return self._count_evicted(evicted, freed)
+        if self._block_bytes:  # blocks of one size: the victims the excess needs, in one call
+            return self._drop(self.policy.pop_victims(-(-excess // self._block_bytes)), keep_evicted)
         pop_victim, index = self.policy.pop_victim, self._index
 
         def victims() -> Iterator[tuple[Key, int]]:
@@ -257,6 +269,10 @@ class Tier:
         """Drop evicted blocks (already out of the policy's index) from the backend, their bytes kept when
         `keep_evicted`, and count them."""
         backend = self.backend if self.backend.holds_bytes else None  # the accounting backend keeps nothing to drop
+        if backend is None and not keep_evicted:  # counted, not kept: no object a victim
+            victims = list(victims)
+            self._count_evictions(len(victims), sum(map(itemgetter(1), victims)))
+            return []
         evicted: list[Evicted] = []
         freed = 0
         for key, size in victims:

@@ -163,6 +163,6 @@ def test_the_engine_leases_a_chain_when_its_prefill_is_saved_and_ends_on_the_dec
     emulator.serve(request(1034, 4, ["out1"]))  # 4 blocks hit, looked up at 0.8, the chain saved at 1.1
     policy = segment.mooncake
     assert policy.now == pytest.approx(1.3)
-    assert {key: policy._lease[key][0] for key in ("k0", "out0", "out1")} == pytest.approx(
+    assert {key: policy._lease[key] for key in ("k0", "out0", "out1")} == pytest.approx(
         {"k0": 1.1 + 3.0, "out0": 0.2, "out1": 1.3}
     )

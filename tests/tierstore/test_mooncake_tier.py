@@ -6,6 +6,9 @@ The segment holds 10 blocks of 100 B; requests are 0.1 s apart on the clock (the
 
 from __future__ import annotations
 
+import math
+import random
+
 import pytest
 
 from kvscope.tierstore.mooncake_tier import MooncakeTier
@@ -31,12 +34,12 @@ def held(tier: Tier) -> list[str]:
 def request(tier: MooncakeTier, at: float, reads: list[str] = (), puts: list[str] = ()) -> list[str]:
     """One request as kvscope's client makes it, `at` seconds: the clock moves, exist over the reads, exist then
     put; the keys evicted on the way."""
-    evicted = [block.key for block in tier.at(at)]
+    evicted = [block.key for block in tier.at(at, keep_evicted=True)]
     tier.probe(reads)
     tier.probe(puts)
     missing = [key for key in puts if key not in tier]
     if missing:
-        evicted += [block.key for block in tier.write(missing, BLOCK, is_put=True)]
+        evicted += [block.key for block in tier.write(missing, BLOCK, is_put=True, keep_evicted=True)]
     return evicted
 
 
@@ -131,7 +134,7 @@ def test_a_flagged_thread_evicts_each_lease_as_it_runs_out_not_one_batch_when_th
         tier.at(0.01 * index)
         tier.probe([key])  # a_i leased until 1.0 + 0.01 i
     assert request(tier, 0.2, puts=["b0"]) == [] and tier.refused == 1
-    assert [block.key for block in tier.at(1.5)] == ["a0"]
+    assert [block.key for block in tier.at(1.5, keep_evicted=True)] == ["a0"]
     assert tier.counters.allocated_bytes == 9 * BLOCK
 
 
@@ -148,7 +151,7 @@ def test_a_chain_saved_later_outlives_the_eviction_that_a_chain_saved_earlier_do
         tier.probe(keys(chain, 4))
     tier.at(1.2)
     # 10 blocks, above the watermark: a batch of ceil(10 x 0.3) = 3, the earliest lease timeouts
-    assert [block.key for block in tier.write(keys("c", 2), BLOCK, is_put=True)] == evicted
+    assert [block.key for block in tier.write(keys("c", 2), BLOCK, is_put=True, keep_evicted=True)] == evicted
 
 
 def test_a_batch_leases_shard_by_shard_from_a_random_start_so_a_chain_is_leased_out_of_order():
@@ -163,12 +166,61 @@ def test_a_batch_leases_shard_by_shard_from_a_random_start_so_a_chain_is_leased_
         policy.now = 10.0 * batch
         policy.grant_batch(chain)
         policy.now += 5.0  # every lease has run out: the thread's victims are the chain in the order of its grants
-        order = policy.batch_victims(used_ratio=1.0, flagged=True)
+        order = [key for key, _ in policy.pop_batch(used_ratio=1.0, flagged=True)]
         assert order in allowed
+        policy.admit(chain, BLOCK)
         seen.add(tuple(order))
     assert len(seen) > 1 and len({policy.shard(key) for key in chain}) > 1
     one_shard = MooncakePolicy(lease_ttl=1.0, eviction_ratio=1.0, shards=1)
     one_shard.admit(chain, BLOCK)
     one_shard.grant_batch(chain[::-1])
     one_shard.now = 5.0
-    assert one_shard.batch_victims(used_ratio=1.0, flagged=True) == chain[::-1]
+    assert one_shard.pop_batch(used_ratio=1.0, flagged=True) == [(key, BLOCK) for key in chain[::-1]]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_eviction_order_is_every_run_out_lease_earliest_first_whatever_the_mix_of_puts_and_lookups(seed):
+    """The policy keeps its blocks in two orders (puts, lookups) and merges them; held against a plain table of
+    leases kept by Mooncake's rules over random puts, lookups, discards and clock steps: every batch evicts the
+    earliest (timeout, grant) leases that have run out, an overrun the earliest of all, and the lease timeouts ahead
+    are the table's."""
+    rng = random.Random(seed)
+    policy = MooncakePolicy(lease_ttl=rng.choice([0.05, 0.3, 1.0]), eviction_ratio=0.2, shards=8, seed=seed)
+    table: dict[int, tuple[float, int]] = {}  # key -> (lease timeout, grant number), by the rules
+    grants = iter(range(10**9))
+    next_key = 0
+    for _ in range(300):
+        step = rng.random()
+        if step < 0.3:
+            keys = list(range(next_key, next_key + rng.randint(1, 6)))
+            next_key += len(keys)
+            policy.admit(keys, BLOCK)
+            table.update((key, (policy.now, next(grants))) for key in keys)
+        elif step < 0.6 and table:
+            keys = rng.sample(sorted(table), min(len(table), rng.randint(1, 8)))
+            policy.grant(keys)
+            for key in keys:
+                if table[key][0] < policy.now + policy.lease_ttl:
+                    table[key] = (policy.now + policy.lease_ttl, next(grants))
+        elif step < 0.7 and table:
+            key = rng.choice(sorted(table))
+            assert policy.discard(key) == BLOCK
+            del table[key]
+        elif step < 0.85:
+            ahead = policy.now + rng.choice([0.01, 0.1, 0.5])
+            assert policy.lease_timeouts(ahead) == sorted(
+                {lease for lease, _ in table.values() if policy.now < lease <= ahead}
+            )
+            policy.now = ahead
+        elif step < 0.9:  # an overrun evicts block by block, leased or not: the earliest leases
+            expected = sorted((lease, key) for key, lease in table.items())[:3]
+            assert policy.pop_victims(3) == [(key, BLOCK) for _, key in expected]
+            for _, key in expected:
+                del table[key]
+        else:
+            wanted = math.ceil(len(table) * 0.2)  # flagged below the watermark: the eviction ratio
+            expected = sorted((lease, key) for key, lease in table.items() if lease[0] <= policy.now)[:wanted]
+            assert policy.pop_batch(used_ratio=0.5, flagged=True) == [(key, BLOCK) for _, key in expected]
+            for _, key in expected:
+                del table[key]
+    assert sorted(policy.keys()) == sorted(table)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from kvscope.tierstore.policies import POLICIES, EvictionPolicy, FifoPolicy, LruPolicy, TailFirstPolicy, make_policy
@@ -168,3 +170,25 @@ def test_lmcache_stores_chunk_by_chunk_and_never_evicts_what_its_request_found()
         assert lmcache_request(tier, ["a0", "a1", "a2", "a3"]) == 1
         kept[name] = sorted(map(str, tier.policy.keys()))
     assert kept == {"lmcache": ["a0", "a2", "a3"], "lru": ["a1", "a2", "a3"]}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_lmcache_batch_write_evicts_what_chunk_by_chunk_writes_do(seed, drain):
+    """A batch whose victims are all unpinned chunks already there is written at once; one that would reach a
+    pinned or a new chunk goes chunk by chunk: random chats on a small tier end with the same chunks, in the same
+    order, and the same counters as writing every chunk alone."""
+    rng = random.Random(seed)
+    batched, alone = Tier("cpu", 24 * 10, make_policy("lmcache")), Tier("cpu", 24 * 10, make_policy("lmcache"))
+    chains = {name: [f"{name}{index}" for index in range(rng.randint(3, 30))] for name in "abcdefgh"}
+    for _ in range(60):
+        keys = chains[rng.choice("abcdefgh")][: rng.randint(1, 30)]
+        assert batched.read_run(keys, 0, len(keys)) == alone.read_run(keys, 0, len(keys))
+        missing = list(batched.missing(keys))
+        assert missing == list(alone.missing(keys))
+        batched.write(missing, 10, is_put=True)
+        for key in missing:
+            alone.write([key], 10, is_put=True)
+        batched.release(keys)
+        alone.release(keys)
+    assert batched.counters == alone.counters and batched.counters.evictions > 100
+    assert drain(batched.policy) == drain(alone.policy)
