@@ -89,6 +89,14 @@ def build_engine(scenario: spec.Scenario, store: KVStore, clock: RequestClock | 
                           saves_whole_chain=real is not None, clock=clock)  # fmt: skip
 
 
+def request_clock(arm: spec.ArmSpec, store: KVStore, real_rows: Sequence[dict] = ()) -> RequestClock | None:
+    """When each request of an arm does its KV work, for an embedded store whose evictions go by time (a Mooncake
+    segment's model): the arm's pacing, or the request times a real arm recorded (`real_rows`); None otherwise."""
+    if isinstance(store, TieredStore) and store.clocked:
+        return RequestClock(arm.mooncake_settings.request_interval, real_rows)
+    return None
+
+
 @dataclass
 class _RoundTally:
     requests: int = 0
@@ -140,9 +148,7 @@ class ArmRun:
         self.system = published_as or f"{scenario.name}/{name}"
         self.store = build_store(self.spec, scenario.block_bytes, name, workdir, self.system, seed)
         self._ranges = hit_ratio_ranges
-        clocked = isinstance(self.store, TieredStore) and self.store.clocked
-        clock = RequestClock(self.spec.mooncake_settings.request_interval, real_rows) if clocked else None
-        self.engine = build_engine(scenario, self.store, clock)
+        self.engine = build_engine(scenario, self.store, request_clock(self.spec, self.store, real_rows))
         if published_as:
             ENGINES.publish(published_as, self.engine)
         self._rounds = enumerate(make_workload(scenario).rounds())
