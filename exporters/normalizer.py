@@ -1,10 +1,11 @@
 """Maps a source's raw samples onto the KV-tier model, by rules kept as data (`mappings/<source>.yaml`).
 
 A rule names the raw series it reads (`match`, newest name first: when a scrape holds both a current and a
-deprecated name, only the first present is used, so nothing is counted twice), an optional label filter
-(`where`), the model instrument, the model labels as templates over the raw labels and the target's labels
-(`"{engine}"`), and a `scale` (RDMA port counters count 4-byte words); for an info metric, `value_labels` take the
-value from its labels. Raw series that land on the same model series are summed.
+deprecated name, only the first present is used, so nothing is counted twice), optional label filters (`where`:
+values a series must have; `unless`: values that reject it), the model instrument, the model labels as templates
+over the raw labels and the target's labels (`"{engine}"`), and a `scale` (RDMA port counters count 4-byte words);
+for an info metric, `value_labels` take the value from its labels. Raw series that land on the same model series
+are summed.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class Rule(BaseModel):
 
     match: tuple[str, ...] = Field(min_length=1, description="raw names, newest first; the first present wins")
     where: dict[str, str] = Field(default_factory=dict, description="raw labels a series must have")
+    unless: dict[str, str] = Field(default_factory=dict, description="raw label values a series must not have")
     instrument: str
     labels: dict[str, str] = Field(default_factory=dict, description="model labels: literals or {label} templates")
     scale: float = 1.0
@@ -74,7 +76,12 @@ class Mapping(BaseModel):
             name = next((n for n in rule.match if n in by_name), None)
             if name is None:
                 continue
-            rule_key = (rule.instrument, tuple(rule.where.items()), tuple(rule.labels.items()))
+            rule_key = (
+                rule.instrument,
+                tuple(rule.where.items()),
+                tuple(rule.unless.items()),
+                tuple(rule.labels.items()),
+            )
             for sample in by_name[name]:
                 key = (rule_key, sample.labels, target)
                 if key not in series:
@@ -96,15 +103,18 @@ class Mapping(BaseModel):
     @cached_property
     def _series(self) -> dict[tuple, tuple[str, Labels] | None]:
         """What a rule makes of a raw series, worked out once: a source's series are the same scrape after scrape.
-        (rule's instrument, where and labels; raw labels; target labels) -> the model series the raw series adds
+        (rule's instrument, where, unless and labels; raw labels; target labels) -> the model series the raw series adds
         to, or None when `where` rejects it. Keyed by content, not position, so a copy of the mapping with other
         rules can share it."""
         return {}
 
 
 def _model_series(rule: Rule, raw: dict[str, str], target_labels: dict[str, str]) -> tuple[str, Labels] | None:
-    """The model series `rule` makes of a raw series' labels; None when its `where` rejects them."""
+    """The model series `rule` makes of a raw series' labels; None when its `where` or `unless` rejects them (a
+    label the series lacks has the value "")."""
     if any(raw.get(key) != value for key, value in rule.where.items()):
+        return None
+    if any(raw.get(key, "") == value for key, value in rule.unless.items()):
         return None
     context = {**target_labels, **raw}
     return rule.instrument, labels_of({key: _fill(template, context) for key, template in rule.labels.items()})

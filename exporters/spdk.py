@@ -40,7 +40,7 @@ Areas (method: names; labels):
   spdk_nvmf_transport_device_request_latency_seconds, ... Labels: poll_group (+ trtype, + device).
 - lvstore (bdev_lvol_get_lvstores): spdk_lvstore_<field>, spdk_lvstore_allocated_bytes =
   (total_data_clusters - free_clusters) x cluster_size, spdk_lvstore_capacity_bytes, spdk_lvstore_free_bytes.
-  Labels: lvstore, uuid, base_bdev.
+  Labels: lvstore, uuid, base_bdev, tier (`role_by_lvstore` by name or UUID, else the target's `role`).
 - thread (thread_get_stats): spdk_thread_busy_seconds, spdk_thread_idle_seconds, spdk_thread_<field>.
   Labels: thread, id.
 - reactor (framework_get_reactors): spdk_reactor_busy_seconds, spdk_reactor_idle_seconds, spdk_reactor_irq/sys/usr
@@ -51,7 +51,10 @@ Areas (method: names; labels):
 
 Labels of every bdev-area sample: `bdev` (SPDK's bdev name), `subsystem` (the NQN of the NVMe-oF subsystem that
 exports it through a namespace, "" when none; several NQNs comma-joined, so the bdev's I/O is still one series),
-`role` (`role_by_bdev`, matched by bdev name, alias or UUID; else the target's `role` label; else "").
+`role` (`role_by_bdev`, matched by bdev name, alias or UUID; else the target's `role` label; else ""), `tier`
+(the KV tier whose media bytes the bdev's I/O is: its `role_by_bdev`; else, for a bdev a subsystem exports, that
+subsystem's `role_by_subsystem`, else the target's `role`; else "": a bdev no client addresses, such as an
+lvstore's base, backs no tier, so stacked bdevs are not counted twice).
 Namespaces are joined to bdevs by `bdev_name`, then `name` (older targets), then the namespace `uuid`, each looked
 up among bdev names, aliases and UUIDs. A subsystem's sums are emitted only when every namespace's bdev is in this
 scrape's iostat (else `spdk_nvmf_subsystem_namespaces_unresolved` says how many are missing): a partial sum would
@@ -83,7 +86,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -116,7 +119,19 @@ class SpdkTargetConfig(TargetConfig):
         None, min_length=1, description="ask iostat (and histograms) for these bdevs only; default: every bdev"
     )
     role_by_bdev: dict[str, str] = Field(
-        default_factory=dict, description="role label per bdev (by name, alias or UUID); default: the target's role"
+        default_factory=dict,
+        description="role per bdev (by name, alias or UUID): its role label and the KV tier it backs; default: "
+        "the target's role",
+    )
+    role_by_subsystem: dict[str, str] = Field(
+        default_factory=dict,
+        description="role per NVMe-oF subsystem (NQN): the KV tier its namespaces' bdevs back, unless role_by_bdev "
+        "names one",
+    )
+    role_by_lvstore: dict[str, str] = Field(
+        default_factory=dict,
+        description="role per lvstore (by name or UUID): the KV tier whose allocation it is; default: the target's "
+        "role",
     )
     histograms: bool = Field(
         False,
@@ -430,12 +445,16 @@ class SpdkCollector(Collector):
 
         default_role = self.config.labels.get("role", "")
         roles = {resolve.get(_key(key)): role for key, role in self.config.role_by_bdev.items()}
+        by_subsystem = self.config.role_by_subsystem
 
         def bdev_labels(name: str) -> dict[str, str]:
+            nqns = sorted(set(self._membership.get(name, [])))
+            exported = next((by_subsystem[nqn] for nqn in nqns if nqn in by_subsystem), default_role if nqns else "")
             return {
                 "bdev": name,
-                "subsystem": ",".join(sorted(set(self._membership.get(name, [])))),
+                "subsystem": ",".join(nqns),
                 "role": roles.get(name, default_role),
+                "tier": roles.get(name, exported),
             }
 
         # bdev_get_iostat: every field, ticks to seconds, rates on the answers' own ticks.
@@ -510,7 +529,12 @@ class SpdkCollector(Collector):
             _histogram_samples(out, result, bdev_labels(resolve.get(_key(name), name)), name, answers.failures)
 
         _nvmf_stats_samples(out, results.get("nvmf_get_stats"), answers.failures)
-        _lvstore_samples(out, results.get("bdev_lvol_get_lvstores"), answers.failures)
+        by_lvstore = self.config.role_by_lvstore
+
+        def lvstore_tier(lvs: dict[str, str]) -> str:
+            return by_lvstore.get(lvs["lvstore"], by_lvstore.get(lvs["uuid"], default_role))
+
+        _lvstore_samples(out, results.get("bdev_lvol_get_lvstores"), answers.failures, lvstore_tier)
         _thread_samples(out, results.get("thread_get_stats"), answers.failures)
         _reactor_samples(out, results.get("framework_get_reactors"), answers.failures)
 
@@ -841,7 +865,9 @@ def _nvmf_stats_samples(out: _Out, result: Any, failures: list[RpcFailure]) -> N
                     )
 
 
-def _lvstore_samples(out: _Out, result: Any, failures: list[RpcFailure]) -> None:
+def _lvstore_samples(
+    out: _Out, result: Any, failures: list[RpcFailure], tier_of: Callable[[dict[str, str]], str]
+) -> None:
     shaped = _shape("bdev_lvol_get_lvstores", result, None, failures)
     if shaped is None:
         return
@@ -853,6 +879,7 @@ def _lvstore_samples(out: _Out, result: Any, failures: list[RpcFailure]) -> None
             "uuid": str(lvs.get("uuid", "")),
             "base_bdev": str(lvs.get("base_bdev", "")),
         }
+        labels["tier"] = tier_of(labels)
         _scalars(out, "spdk_lvstore", lvs, labels, default_kind="gauge")
         total, free = _number(lvs.get("total_data_clusters")), _number(lvs.get("free_clusters"))
         cluster = _number(lvs.get("cluster_size"))

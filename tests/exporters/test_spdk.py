@@ -276,11 +276,18 @@ def test_live_mapping_onto_the_kv_tier_model(peer_factory):
     got = {(s.name, tuple(sorted(s.label_map.items()))): s.value for s in normalized}
     assert all(s.normalized and s.source == "spdk" for s in normalized)
     tier = {k: v for k, v in got.items() if k[0].startswith("kv.tier.")}
-    # the NoF tier's occupancy, from the lvstores (the target's role names the tier)
-    nof = (("system", ""), ("tier", "nof"))
+    # the NoF tier's occupancy, from the lvstores (the target's role names the tier); media bytes per tier, each
+    # bdev under the tier its role names (Malloc0, exported and named by none, under the target's)
+    nof, lvol, base = ((("system", ""), ("tier", name)) for name in ("nof", "nof-lvol", "nof-base"))
     assert tier == {
         ("kv.tier.allocated.bytes", nof): sum(s.value for s in raw if s.name == "spdk_lvstore_allocated_bytes"),
         ("kv.tier.capacity.bytes", nof): sum(s.value for s in raw if s.name == "spdk_lvstore_capacity_bytes"),
+        ("kv.tier.written.bytes", nof): 951566336,
+        ("kv.tier.read.bytes", nof): 2227339264,
+        ("kv.tier.written.bytes", lvol): value(raw, "spdk_bdev_bytes_written", bdev=LVOL),
+        ("kv.tier.read.bytes", lvol): 1750532096,
+        ("kv.tier.written.bytes", base): 752467968,
+        ("kv.tier.read.bytes", base): value(raw, "spdk_bdev_bytes_read", bdev="Malloc1"),
     }
     assert tier[("kv.tier.allocated.bytes", nof)] > 0
     # the reactor of lcore 0, its busy and idle ticks in seconds (as test_live_capacity_... reads them raw); the
@@ -326,6 +333,50 @@ def test_live_mapping_onto_the_kv_tier_model(peer_factory):
         v for (name, labels), v in got.items() if name == "storage.bdev.read.bytes" and dict(labels)["subsystem"] == NQN
     )
     assert by_subsystem == value(raw, "spdk_nvmf_subsystem_bytes_read", subsystem=NQN) == 3977871360
+
+
+@pytest.mark.parametrize(
+    ("extra", "tiers"),
+    [
+        # the exported bdevs (Malloc0 and the lvol) back the target's tier; the lvstore's base Malloc1, which no
+        # client addresses, backs none: its bytes are the lvol's again
+        ({"labels": {"role": "nof"}}, {"nof": ("Malloc0", LVOL)}),
+        # a subsystem's role names the tier of the bdevs it exports, a bdev's own role wins over it
+        (
+            {"role_by_subsystem": {NQN: "nof"}, "role_by_bdev": {"Malloc0": "scratch"}},
+            {"nof": (LVOL,), "scratch": ("Malloc0",)},
+        ),
+        # no role anywhere: no tier (the bdevs' bytes stay storage.bdev.*)
+        ({}, {}),
+    ],
+)
+def test_the_nof_tiers_media_bytes_are_the_bdevs_its_role_names_each_counted_once(peer_factory, extra, tiers):
+    collector = make_collector(peer_factory(), **extra)
+    (raw,) = scrapes(collector)
+    normalized = mapping_for("spdk").apply(raw, collector.config.labels)
+    for direction in ("written", "read"):
+        got = {s.label_map["tier"]: s.value for s in normalized if s.name == f"kv.tier.{direction}.bytes"}
+        expected = {
+            tier: sum(value(raw, f"spdk_bdev_bytes_{direction}", bdev=bdev) for bdev in bdevs)
+            for tier, bdevs in tiers.items()
+        }
+        assert got == expected and all(got.values()) if tiers else got == {}
+
+
+def test_an_lvstores_role_names_the_tier_of_its_allocation(peer_factory):
+    """role_by_lvstore by name or UUID; without one, the target's role; without either, no tier."""
+    for extra, tier in [
+        ({"labels": {"role": "nof"}, "role_by_lvstore": {"lvs0": "nof-pool"}}, "nof-pool"),
+        ({"role_by_lvstore": {"978017c3-c4be-420d-936e-9f062bddd801": "nof"}}, "nof"),
+        ({"labels": {"role": "nof"}}, "nof"),
+    ]:
+        collector = make_collector(peer_factory(), **extra)
+        (raw,) = scrapes(collector)
+        normalized = mapping_for("spdk").apply(raw, collector.config.labels)
+        allocated = {s.label_map["tier"]: s.value for s in normalized if s.name == "kv.tier.allocated.bytes"}
+        assert allocated == {tier: 8 * 4194304}  # 31 - 23 free clusters of 4 MiB
+    (raw,) = scrapes(make_collector(peer_factory()))
+    assert not [s for s in mapping_for("spdk").apply(raw, {}) if s.name.startswith("kv.tier.")]
 
 
 def test_promtool_accepts_the_exported_reactors(peer_factory, check_metrics):
