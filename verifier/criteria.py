@@ -190,7 +190,9 @@ FROM x ORDER BY target, labels"""
 
 class PositiveDelta(_CoveredDelta):
     """Every tier (or other `group_by` label) of a run shows bytes written: increase > 0, and with
-    `consistent_with` at least that metric's increase (physical writes cover the logical puts)."""
+    `consistent_with` at least that metric's increase (physical writes cover the logical puts): the group's own
+    (`consistent_scope: group`), or all groups' (`all`: a tiered arm that writes every save to every tier, whose
+    puts are addressed to its top tier only)."""
 
     kind: Literal["positive_delta"]
     summary_columns = ("written", "logical")
@@ -199,6 +201,7 @@ class PositiveDelta(_CoveredDelta):
     group_by: str = "tier"
     expect: list[str] | None = Field(None, description="values of group_by that must all be present and positive")
     consistent_with: MetricField | None = None
+    consistent_scope: Literal["group", "all"] = "group"
 
     def roles(self) -> list[str]:
         return [self.run]
@@ -216,12 +219,17 @@ class PositiveDelta(_CoveredDelta):
         )
         consistent, check, logical, join = "", "w.increase > 0", "NULL", ""
         if self.consistent_with:
-            consistent = f""",
-logical AS (
-    SELECT {group} AS grp, sum(increase) AS increase FROM ({_per_series(run, self.consistent_with)}) GROUP BY grp
-)"""
+            puts = _per_series(run, self.consistent_with)
+            if self.consistent_scope == "all":
+                consistent = f""",
+logical AS (SELECT coalesce(sum(increase), 0) AS increase FROM ({puts}))"""
+                join = " CROSS JOIN logical l"
+            else:
+                consistent = f""",
+logical AS (SELECT {group} AS grp, sum(increase) AS increase FROM ({puts}) GROUP BY grp)"""
+                join = " LEFT JOIN logical l USING (grp)"
             check += " AND w.increase >= coalesce(l.increase, 0)"
-            logical, join = "l.increase", " LEFT JOIN logical l USING (grp)"
+            logical = "l.increase"
         return f"""WITH
 written AS (
     SELECT {group} AS grp, sum(increase) AS increase, sum(samples) AS samples, sum(resets) AS resets
@@ -234,8 +242,10 @@ FROM expected e LEFT JOIN written w USING (grp){join}
 ORDER BY 1"""
 
     def threshold(self) -> dict:
-        return {"increase": "> 0", "at_least": self.consistent_with.describe() if self.consistent_with else None,
-                "max_missed_scrapes": self.max_missed_scrapes}  # fmt: skip
+        at_least = self.consistent_with.describe() if self.consistent_with else None
+        if at_least and self.consistent_scope == "all":
+            at_least = f"{at_least}, summed over every {self.group_by}"
+        return {"increase": "> 0", "at_least": at_least, "max_missed_scrapes": self.max_missed_scrapes}
 
     def failure_columns(self) -> tuple[str, ...]:
         return (self.group_by, *self.summary_columns)

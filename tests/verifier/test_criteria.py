@@ -151,6 +151,26 @@ def test_positive_delta_fails_an_expected_tier_that_has_no_series_and_one_that_w
     assert rows == {"dram": (100, 100, True), "nof": (None, None, False), "ssd": (50, 80, False)}
 
 
+def test_positive_delta_over_all_puts_catches_one_byte_on_a_tier_no_put_is_addressed_to(recording):
+    """The puts are labelled with the top tier only (a client addresses the memory pool): against its own tier's
+    puts the NoF tier's one byte passes; against all of them (consistent_scope: all) it fails, and a NoF tier
+    that wrote every save passes."""
+    recording.add("a", "kv.tier.written.bytes", [0, 100], tier="dram")
+    recording.add("a", "kv.tier.written.bytes", [0, 1], tier="nof")
+    recording.add("b", "kv.tier.written.bytes", [0, 100], tier="dram")
+    recording.add("b", "kv.tier.written.bytes", [0, 100], tier="nof")
+    for run in ("a", "b"):
+        recording.add(run, "kv.store.put.bytes", [0, 100], tier="dram")
+    criterion = {"name": "w", "kind": "positive_delta", "run": "a", "expect": ["dram", "nof"],
+                 "consistent_with": "kv.store.put.bytes"}  # fmt: skip
+    rows = lambda outcome: {row["tier"]: (row["logical"], row["passed"]) for row in outcome.rows}  # noqa: E731
+    assert rows(judge(recording, criterion, ("a",))) == {"dram": (100, True), "nof": (None, True)}
+    everything = {**criterion, "consistent_scope": "all"}
+    one_byte = judge(recording, everything, ("a",))
+    assert rows(one_byte) == {"dram": (100, True), "nof": (100, False)} and not one_byte.passed
+    assert judge(recording, {**everything, "run": "b"}, ("b",)).passed
+
+
 # ------------------------------------------------------------------------------------------------ missing inputs
 
 
