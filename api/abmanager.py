@@ -272,14 +272,18 @@ class ABManager:
 
     def _criteria_for(self, test: ABTest) -> list[CriteriaFile]:
         """The configured files whose roles are all arms of the test; on real Mooncake arms the lower tier a file
-        names by `lower_tier` is Mooncake's SSD tier."""
+        names by `lower_tier` is Mooncake's SSD tier, which offloads part of the puts (`lower_tier_scope`)."""
         real = any(arm.store == "mooncake" for arm in test.scenario.arms.values())
         chosen = []
         for path, spec in self.criteria.items():
             if not set(spec.runs) <= set(test.arms):
                 continue
-            chosen.append(load_criteria(path, {"lower_tier": "ssd"}) if real and "lower_tier" in spec.params else spec)
+            mooncake = {name: value for name, value in MOONCAKE_LOWER_TIER.items() if name in spec.params}
+            chosen.append(load_criteria(path, mooncake) if real and mooncake else spec)
         return chosen
+
+
+MOONCAKE_LOWER_TIER = {"lower_tier": "ssd", "lower_tier_scope": "group"}  # criteria params for a real Mooncake arm
 
 
 def _store_of(name: str, arm: ArmSpec, scenario: Scenario) -> str:
