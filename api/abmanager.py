@@ -21,9 +21,9 @@ from kvscope.tierstore.ab import ArmRun, followed_arm, followers, make_arm, obse
 from kvscope.tierstore.live import ENGINES
 from kvscope.tierstore.planner import Plan, plan
 from kvscope.tierstore.scenario import ArmSpec, Scenario
-from kvscope.verifier.criteria import CriteriaError, CriteriaFile, evaluate, load_criteria
+from kvscope.verifier.criteria import CriteriaError, CriteriaFile, load_criteria
 from kvscope.verifier.db import Database
-from kvscope.verifier.evidence import record_verdict
+from kvscope.verifier.evidence import Verification
 from kvscope.verifier.recorder import ABRecorder
 
 Status = Literal["running", "finished", "stopped", "failed"]
@@ -249,13 +249,14 @@ class ABManager:
     def _judge(self, db: Database, test: ABTest) -> list[dict]:
         """Verdicts of the criteria whose roles are all arms of this test: no_collapse per arm, plus the
         configured files (e.g. criteria/media.yaml when the arms are dram_only and tiered)."""
-        files = [_no_collapse_per_arm(test), *self._criteria_for(test)]
+        files = [(_no_collapse_per_arm(test), None), *self._criteria_for(test)]
         verdicts = []
-        for spec in files:
+        for spec, path in files:
             runs = spec.bind(db, [test.arms[role].run for role in spec.runs])
+            verification = Verification(db, spec, runs, path)
             for criterion in spec.criteria:
                 try:
-                    verdict = record_verdict(db, evaluate(db, criterion, runs), runs)
+                    verdict = verification.judge(criterion)
                 except CriteriaError as error:
                     verdicts.append({"criterion": criterion.name, "passed": None, "error": str(error)})
                     continue
@@ -268,9 +269,10 @@ class ABManager:
                         "digest": verdict.digest,
                     }
                 )
+            verification.finish()
         return verdicts
 
-    def _criteria_for(self, test: ABTest) -> list[CriteriaFile]:
+    def _criteria_for(self, test: ABTest) -> list[tuple[CriteriaFile, Path]]:
         """The configured files whose roles are all arms of the test; on real Mooncake arms the lower tier a file
         names by `lower_tier` is Mooncake's SSD tier, which offloads part of the puts (`lower_tier_scope`)."""
         real = any(arm.store == "mooncake" for arm in test.scenario.arms.values())
@@ -279,7 +281,7 @@ class ABManager:
             if not set(spec.runs) <= set(test.arms):
                 continue
             mooncake = {name: value for name, value in MOONCAKE_LOWER_TIER.items() if name in spec.params}
-            chosen.append(load_criteria(path, mooncake) if real and mooncake else spec)
+            chosen.append((load_criteria(path, mooncake) if real and mooncake else spec, path))
         return chosen
 
 

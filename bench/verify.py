@@ -82,7 +82,7 @@ from kvscope.processes import free_port
 from kvscope.samples import Labels, Sample, labels_of
 from kvscope.verifier.criteria import CriteriaFile, Outcome, Parity, evaluate, load_criteria
 from kvscope.verifier.db import Database, SampleWriter
-from kvscope.verifier.evidence import record_verdict
+from kvscope.verifier.evidence import Verification, record_verdict
 
 ROOT = Path(__file__).resolve().parent.parent
 CRITERIA = ROOT / "criteria" / "media.yaml"
@@ -364,7 +364,7 @@ def verdict_times(path: Path, repeat: int, name: str = CRITERION) -> VerdictTime
             start = clock()
             outcome = evaluate(db, criterion, runs)
             evaluated = clock()
-            verdict = record_verdict(db, outcome, runs)
+            verdict = record_verdict(db, outcome, runs, Verification(db, spec, runs, None).verification_id)
             recorded = clock()
             evaluate(db, criterion, runs)
             warm.append(clock() - recorded)

@@ -110,7 +110,11 @@ def test_media_criteria_pass_on_real_mooncake_metrics_and_catch_a_planted_write(
     name = scenario["name"]
     runner = CliRunner()
 
-    def verify(criteria: Path, *runs: str, params: tuple[str, ...] = ("--param", "lower_tier=ssd", "--param", "lower_tier_scope=group")):
+    def verify(
+        criteria: Path,
+        *runs: str,
+        params: tuple[str, ...] = ("--param", "lower_tier=ssd", "--param", "lower_tier_scope=group"),
+    ):
         arguments = ["verify", "--db", str(db), "--criteria", str(criteria), *params]
         for run in runs:
             arguments += ["--run", f"{name}/{run}"]

@@ -134,8 +134,9 @@ def test_media_criteria_pass_on_the_recorded_real_vllm_and_mooncake_series(real_
         for row in arm["rounds"]:  # the regime of the published test: neither arm loses a hit
             assert abs(row["hit_ratio"] - row["ideal_hit_ratio"]) <= 0.01, (name, row)
     arguments = ["verify", "--db", str(db), "--criteria", str(ROOT / "criteria" / "media.yaml"), "--param",
-                 "lower_tier=ssd", "--param", "lower_tier_scope=group", "--run", "vllm_mooncake_media_parity/dram_only", "--run",
-                 "vllm_mooncake_media_parity/tiered", "--json", str(tmp_path / "verdicts.json")]  # fmt: skip
+                 "lower_tier=ssd", "--param", "lower_tier_scope=group", "--run",
+                 "vllm_mooncake_media_parity/dram_only", "--run", "vllm_mooncake_media_parity/tiered", "--json",
+                 str(tmp_path / "verdicts.json")]  # fmt: skip
     verified = CliRunner().invoke(app, arguments)
     assert verified.exit_code == 0, verified.output
     verdicts = json.loads((tmp_path / "verdicts.json").read_text())["verdicts"]

@@ -80,9 +80,9 @@ def verify(
     """
     from rich.table import Table
 
-    from kvscope.verifier.criteria import CriteriaError, evaluate, load_criteria
+    from kvscope.verifier.criteria import CriteriaError, load_criteria
     from kvscope.verifier.db import Database, VerifierError
-    from kvscope.verifier.evidence import record_verdict
+    from kvscope.verifier.evidence import Verification
 
     if not db.exists():
         raise fail(f"{db}: no such verifier database")
@@ -105,23 +105,23 @@ def verify(
     table = Table(title=f"{criteria} on {', '.join(f'{role}={r.name}' for role, r in runs.items())}")
     for column in ("criterion", "verdict", "summary", "digest"):
         table.add_column(column, overflow="fold")
-    verdicts, problems = [], []
     with database:
+        verification = Verification(database, spec, runs, criteria, chunks)
         for criterion in spec.criteria:
             try:
-                verdict = record_verdict(database, evaluate(database, criterion, runs), runs)
+                verdict = verification.judge(criterion)
             except CriteriaError as error:
-                problems.append(str(error))
                 table.add_row(criterion.name, "[yellow]ERROR[/yellow]", str(error), "")
                 continue
-            verdicts.append(verdict)
             mark = "[green]PASS[/green]" if verdict.passed else "[red]FAIL[/red]"
             table.add_row(verdict.criterion, mark, verdict.summary, verdict.digest[:16])
+        manifest = verification.finish()
     console.print(table)
+    verdicts, problems = verification.verdicts, [error["error"] for error in verification.errors]
     if json_out:
         documents = [{"verdict_id": v.verdict_id, "digest": v.digest, "document": v.document} for v in verdicts]
-        write_json(json_out, {"passed": not problems and all(v.passed for v in verdicts), "verdicts": documents,
-                               "errors": problems, "chunk_summaries": chunks})  # fmt: skip
+        write_json(json_out, {"passed": manifest["passed"], "verification_id": verification.verification_id,
+                              "verdicts": documents, "errors": problems, "chunk_summaries": chunks})  # fmt: skip
     if problems:
         raise typer.Exit(2)
     raise typer.Exit(0 if all(v.passed for v in verdicts) else 1)
@@ -215,6 +215,21 @@ def evidence_check(
         raise fail(error) from None
     for problem in report.problems:
         errors.print(f"[red]tampered:[/red] {problem}", highlight=False)
+    for manifest in report.verifications:
+        criteria = manifest["criteria"]
+        console.print(
+            f"verification {manifest['verification_id']}: {criteria['file']} (sha256 {criteria['sha256']}) on "
+            + ", ".join(f"{role}={run['name']}" for role, run in manifest["runs"].items())
+            + f": {'passed' if manifest['passed'] else 'FAILED'}, {len(manifest['verdicts'])} verdict(s)"
+            + "".join(f"; not judged: {e['criterion']} ({e['error']})" for e in manifest["errors"]),
+            highlight=False,
+        )
+    for entry in report.left_out:
+        console.print(
+            f"  left out of this bundle: verdict {entry['verdict_id']} {entry['criterion']} "
+            f"{'PASS' if entry['passed'] else 'FAIL'} (verification {entry['verification_id']})",
+            highlight=False,
+        )
     if report.ok:
         anchored = (
             "signature verified" if report.signed

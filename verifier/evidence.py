@@ -8,13 +8,20 @@ it was written), in (series_id, first_ts) order, each as series_id (little-endia
 (little-endian float64), its sample count (int64) and its 32-byte sha256. Every sample is covered, yet stamping a
 verdict reads a few rows per series rather than every sample.
 
-A bundle is a directory: `evidence.json` (the documents and their digests), `samples.parquet` (every sample of the
-series the verdicts read) and `chunks.parquet` (the chunks' bounds, counts and hashes). `check_bundle` recomputes
+Each verdict names the verification that judged it (one `kvscope verify`, or an A/B the service ended), whose
+manifest lists the criteria file and its sha256, the params and arms bound, the runs, every verdict and every
+criterion it could not judge (`Verification`).
+
+A bundle is a directory: `evidence.json` (the documents and their digests, and the manifests of their
+verifications), `samples.parquet` (every sample of the series the verdicts read) and `chunks.parquet` (the chunks'
+bounds, counts and hashes). `check_bundle` recomputes
 every chunk's hash and count from the samples, each digest from the document and the chunks, and re-runs each SQL
 on tables rebuilt from the samples alone: an edited document, an edited sample or a verdict the SQL no longer gives
 is reported by name. It also recompiles each verdict's criterion, as the document records it, and holds the stored
 SQL to what that compiles to (a bundle whose SQL was replaced, or whose criterion was loosened without its SQL,
-is caught without a key).
+is caught without a key). Each verdict must be listed, as it is, by its verification's manifest, with the same
+runs, of the arms its criteria name; the verdicts a manifest lists that the bundle leaves out are reported with
+their outcome, so a bundle of the passing verdicts alone still shows the failing one.
 
 What anchors a bundle: evidence.json carries `bundle_digest`, sha256 over the RFC 8785 canonical JSON of
 everything else in it (format, database, export time, every verdict id, digest and document), so anyone can
@@ -48,11 +55,12 @@ from pydantic import TypeAdapter, ValidationError
 
 from kvscope import __version__
 from kvscope.units import format_bytes
-from kvscope.verifier.criteria import Criterion, Outcome, plain_row
+from kvscope.verifier.criteria import CriteriaError, CriteriaFile, Criterion, Outcome, evaluate, plain_row
 from kvscope.verifier.db import Database, Run, VerifierError, canonical_json, run_sql
 from kvscope.verifier.schema import MIGRATIONS, chunk_digest, chunk_rows
 
 BUNDLE_FORMAT = "kvscope-evidence/1"
+VERIFICATION_FORMAT = "kvscope-verification/1"
 FLOAT_TOLERANCE = 1e-9  # re-run sums of doubles may differ in the last bits (parallel aggregation order)
 
 
@@ -90,11 +98,13 @@ def digest(document: Mapping, chunks: Mapping[str, np.ndarray]) -> str:
 _CHUNK = struct.Struct("<qddq")
 
 
-def record_verdict(db: Database, outcome: Outcome, runs: Mapping[str, Run]) -> Verdict:
-    """Build the evidence document of `outcome`, digest it with its chunks, and store it as a verdict row."""
+def record_verdict(db: Database, outcome: Outcome, runs: Mapping[str, Run], verification_id: int) -> Verdict:
+    """Build the evidence document of `outcome`, digest it with its chunks, and store it as a verdict row of
+    verification `verification_id` (Verification.judge is how a verdict is recorded)."""
     chunks = chunks_of(db.con, outcome.series_ids)
     document = {
         "format": BUNDLE_FORMAT,
+        "verification_id": verification_id,
         "criterion": outcome.criterion.model_dump(mode="json", by_alias=True, exclude_defaults=False),
         "runs": {role: _run_record(r) for role, r in runs.items()},
         "passed": outcome.passed,
@@ -117,8 +127,8 @@ def record_verdict(db: Database, outcome: Outcome, runs: Mapping[str, Run]) -> V
     sha = digest(document, chunks)
     (verdict_id,) = run_sql(
         db.con,
-        "INSERT INTO verdicts (criterion, kind, runs, passed, evidence, digest, created_at) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING verdict_id",
+        "INSERT INTO verdicts (criterion, kind, runs, passed, evidence, digest, created_at, verification_id) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING verdict_id",
         [
             outcome.criterion.name,
             outcome.criterion.kind,  # type: ignore[attr-defined]
@@ -127,9 +137,81 @@ def record_verdict(db: Database, outcome: Outcome, runs: Mapping[str, Run]) -> V
             canonical_json(document),
             sha,
             time.time(),
+            verification_id,
         ],
     )[0]
     return Verdict(verdict_id, outcome.criterion.name, outcome.passed, document["summary"], document, sha)
+
+
+class Verification:
+    """One judging of a criteria file on bound runs (`kvscope verify`, or the service when an A/B ends). Its
+    verdicts carry its id; `finish` stores its manifest: the criteria file and its sha256, the params and arms
+    bound, the runs, every verdict recorded and every criterion that could not be judged. A bundle carries the
+    manifests of its verdicts' verifications, so one that leaves a failing verdict out still shows it."""
+
+    def __init__(
+        self,
+        db: Database,
+        spec: CriteriaFile,
+        runs: Mapping[str, Run],
+        criteria_file: Path | None,
+        chunk_summaries: str = "trusted",
+    ) -> None:
+        self.db, self.spec, self.runs = db, spec, runs
+        self.criteria_file, self.chunk_summaries = criteria_file, chunk_summaries
+        self.verification_id: int = run_sql(db.con, "SELECT nextval('verification_ids')")[0][0]
+        self.verdicts: list[Verdict] = []
+        self.errors: list[dict[str, str]] = []
+
+    def judge(self, criterion: Criterion) -> Verdict:
+        """Evaluate and record one criterion; a CriteriaError (it could not be judged) is noted, then raised."""
+        try:
+            outcome = evaluate(self.db, criterion, self.runs)
+        except CriteriaError as error:
+            self.errors.append({"criterion": criterion.name, "error": str(error)})
+            raise
+        verdict = record_verdict(self.db, outcome, self.runs, self.verification_id)
+        self.verdicts.append(verdict)
+        return verdict
+
+    def finish(self) -> dict:
+        """Store the manifest (covered by its own digest, RFC 8785 canonical JSON); returns it."""
+        path = self.criteria_file
+        manifest = {
+            "format": VERIFICATION_FORMAT,
+            "verification_id": self.verification_id,
+            "criteria": {
+                "file": str(path) if path else None,
+                "sha256": hashlib.sha256(path.read_bytes()).hexdigest() if path else None,
+                "params": self.spec.params,
+                "arms": self.spec.arms,
+                "criteria": [criterion.name for criterion in self.spec.criteria],
+            },
+            "runs": {role: _run_record(run) for role, run in self.runs.items()},
+            "verdicts": [
+                {"verdict_id": v.verdict_id, "criterion": v.criterion, "passed": v.passed, "digest": v.digest}
+                for v in self.verdicts
+            ],
+            "errors": self.errors,
+            "chunk_summaries": self.chunk_summaries,
+            "passed": not self.errors and all(v.passed for v in self.verdicts),
+            "kvscope_version": __version__,
+            "created_at": time.time(),
+        }
+        run_sql(
+            self.db.con,
+            "INSERT INTO verifications (verification_id, manifest, digest, created_at) VALUES (?, ?, ?, ?)",
+            [self.verification_id, canonical_json(manifest), manifest_digest(manifest), manifest["created_at"]],
+        )
+        return manifest
+
+
+def manifest_digest(manifest: Mapping) -> str:
+    """sha256 over a verification manifest's RFC 8785 canonical JSON."""
+    try:
+        return hashlib.sha256(rfc8785.dumps(manifest)).hexdigest()
+    except (rfc8785.CanonicalizationError, TypeError, ValueError) as error:
+        raise VerifierError(f"a verification manifest cannot be canonicalized (RFC 8785): {error}") from None
 
 
 def _run_record(run: Run) -> dict:
@@ -214,13 +296,23 @@ def export_bundle(db: Database, verdict_ids: list[int], out: Path) -> Path:
         raise VerifierError(f"{db.path}: no verdict with id {', '.join(map(str, sorted(missing)))}")
     out.mkdir(parents=True, exist_ok=True)
     verdicts = [{"verdict_id": vid, "digest": sha, "document": json.loads(doc)} for vid, doc, sha in rows]
+    judged_by = sorted({v["document"].get("verification_id") for v in verdicts} - {None})
+    verifications = [
+        {"verification_id": vid, "digest": sha, "manifest": json.loads(manifest)}
+        for vid, manifest, sha in run_sql(
+            db.con,
+            "SELECT verification_id, manifest, digest FROM verifications "
+            f"WHERE verification_id IN ({', '.join(map(str, judged_by)) or 'NULL'}) ORDER BY verification_id",
+        )
+    ]
     ids = ", ".join(map(str, sorted({s["series_id"] for v in verdicts for s in v["document"]["series"]}))) or "NULL"
     for query, name in (
         (f"SELECT series_id, ts, value FROM samples WHERE series_id IN ({ids}) ORDER BY series_id, ts", SAMPLES),
         (f"SELECT {_CHUNK_COLUMNS} FROM sample_chunks WHERE series_id IN ({ids}) ORDER BY series_id, first_ts", CHUNKS),
     ):
         run_sql(db.con, f"COPY ({query}) TO {_literal(str(out / name))} (FORMAT parquet)")
-    bundle = {"format": BUNDLE_FORMAT, "database": db.path, "exported_at": time.time(), "verdicts": verdicts}
+    bundle = {"format": BUNDLE_FORMAT, "database": db.path, "exported_at": time.time(), "verdicts": verdicts,
+              "verifications": verifications}  # fmt: skip
     bundle["bundle_digest"] = bundle_digest(bundle)
     (out / MANIFEST).write_text(json.dumps(bundle, indent=2, sort_keys=True) + "\n")
     (out / RERUN).write_text(rerun_script(verdicts))
@@ -278,7 +370,9 @@ RERUN, README = "rerun.sql", "README.md"  # not covered by the digest: convenien
 BUNDLE_README = f"""# A kvscope evidence bundle
 
 - `{MANIFEST}`: the verdicts. Each document holds its criterion, runs, series, SQL and observed rows, with the
-  verdict's digest. `bundle_digest` is the sha256 of the file's RFC 8785 canonical JSON without `bundle_digest`.
+  verdict's digest; `verifications` holds the manifest of each `kvscope verify` that judged them (criteria file
+  and sha256, runs, every verdict it recorded, what it could not judge), with its digest (sha256 of its RFC 8785
+  canonical JSON). `bundle_digest` is the sha256 of the file's RFC 8785 canonical JSON without `bundle_digest`.
 - `{SAMPLES}`: every sample the verdicts read (series_id, ts, value).
 - `{CHUNKS}`: the per-batch chunk summaries the whole-run criteria read, each with the sha256 of its samples.
 - `{RERUN}`: every verdict re-run by DuckDB alone.
@@ -305,6 +399,8 @@ class CheckReport:
     problems: list[str] = field(default_factory=list)
     digest: str = ""  # the bundle's digest, recomputed (what an auditor compares with the one they were given)
     signed: bool = False  # the signature verified against the public key given
+    verifications: list[dict] = field(default_factory=list)  # the manifests of the verdicts' verifications
+    left_out: list[dict] = field(default_factory=list)  # verdicts a manifest lists that the bundle does not carry
 
     @property
     def ok(self) -> bool:
@@ -347,7 +443,50 @@ def check_bundle(bundle: Path, expect_digest: str | None = None, public_key: Pat
                 report.problems += _check_verdict(scratch, verdict, altered)
             except (KeyError, TypeError, AttributeError) as error:
                 raise VerifierError(f"{bundle / MANIFEST}: verdict {report.checked} is incomplete: {error!r}") from None
+    try:
+        _check_verifications(manifest.get("verifications", []), verdicts, report)
+    except (KeyError, TypeError, AttributeError) as error:
+        raise VerifierError(f"{bundle / MANIFEST}: a verification manifest is incomplete: {error!r}") from None
     return report
+
+
+def _check_verifications(verifications: list[dict], verdicts: list[dict], report: CheckReport) -> None:
+    """Each verdict belongs to a verification whose manifest the bundle carries, unedited, lists it as it is and
+    bound the same runs (of the arms its criteria name); the verdicts a manifest lists beyond the bundle's are
+    reported as left out, not as tampering (a bundle may carry one verdict, as the service's does)."""
+    problems = report.problems
+    manifests: dict[int, dict] = {}
+    for entry in verifications:
+        manifest, vid = entry["manifest"], entry["verification_id"]
+        if manifest_digest(manifest) != entry["digest"] or manifest.get("verification_id") != vid:
+            problems.append(f"verification {vid}: digest mismatch: its manifest was changed")
+        for role, arm in manifest["criteria"]["arms"].items():
+            run = manifest["runs"][role]
+            if run["arm"] != arm:
+                problems.append(f"verification {vid}: role {role} is bound to run {run['name']!r} of arm "
+                                f"{run['arm']!r}, and its criteria need arm {arm!r}")  # fmt: skip
+        manifests[vid] = manifest
+        report.verifications.append(manifest)
+    bundled = {verdict["verdict_id"] for verdict in verdicts}
+    for verdict in verdicts:
+        document, name = verdict["document"], f"verdict {verdict['verdict_id']}"
+        manifest = manifests.get(document.get("verification_id"))  # type: ignore[arg-type]
+        if manifest is None:
+            problems.append(f"{name}: the bundle carries no manifest of the verification that judged it, so "
+                            "nothing shows what else it judged")  # fmt: skip
+            continue
+        listed = {"verdict_id": verdict["verdict_id"], "criterion": document["criterion"]["name"],
+                  "passed": document["passed"], "digest": verdict["digest"]}  # fmt: skip
+        if listed not in manifest["verdicts"]:
+            problems.append(f"{name}: not what verification {manifest['verification_id']}'s manifest lists")
+        if document["runs"] != manifest["runs"]:
+            problems.append(f"{name}: its runs are not the ones verification {manifest['verification_id']} bound")
+    for manifest in manifests.values():
+        report.left_out += [
+            {**entry, "verification_id": manifest["verification_id"]}
+            for entry in manifest["verdicts"]
+            if entry["verdict_id"] not in bundled
+        ]
 
 
 def _signature_holds(bundle: Path, public_key: Path, sha: str, problems: list[str]) -> bool:

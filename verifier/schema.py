@@ -17,6 +17,9 @@ Tables:
   Prometheus reads chunk indexes, and its digest chains the chunks' hashes. Samples stay the source of truth: an
   evidence bundle carries them, and checking it recomputes every chunk hash and summary from them.
 - verdicts: one evaluated criterion: pass/fail, observed values, threshold, the SQL, and the evidence digest.
+- verifications: one judging of a criteria file on bound runs (a `kvscope verify`, an A/B the service ended): its
+  manifest (the file and its hash, the runs, every verdict it recorded, every criterion it could not judge) and
+  the manifest's digest; each verdict names its verification, so a bundle that leaves a verdict out says so.
 """
 
 from __future__ import annotations
@@ -123,6 +126,17 @@ MIGRATIONS: tuple[str, ...] = (
         SELECT r.name AS run, r.arm, s.target, s.source, s.name, s.kind, s.normalized, s.labels,
                p.ts, p.value
         FROM samples p JOIN series s USING (series_id) JOIN runs r USING (run_id);
+    """,
+    # 2: what each verify judged, so a verdict left out of a bundle is seen
+    """
+    CREATE SEQUENCE verification_ids START 1;
+    CREATE TABLE verifications (
+        verification_id  INTEGER PRIMARY KEY,
+        manifest         JSON NOT NULL,     -- criteria file and hash, runs, every verdict, every error
+        digest           VARCHAR NOT NULL,  -- sha256 over the manifest's RFC 8785 canonical JSON
+        created_at       DOUBLE NOT NULL
+    );
+    ALTER TABLE verdicts ADD COLUMN verification_id INTEGER;
     """,
 )
 

@@ -14,7 +14,16 @@ from typer.testing import CliRunner
 from kvscope.cli import app
 from kvscope.verifier.criteria import CriteriaFile, Parity, evaluate, plain_row
 from kvscope.verifier.db import Run, VerifierError
-from kvscope.verifier.evidence import bundle_digest, check_bundle, chunks_of, digest, export_bundle, record_verdict
+from kvscope.verifier.evidence import (
+    Verification,
+    bundle_digest,
+    check_bundle,
+    chunks_of,
+    digest,
+    export_bundle,
+    manifest_digest,
+    record_verdict,
+)
 from kvscope.verifier.schema import chunk_digest
 
 runner = CliRunner()
@@ -34,20 +43,37 @@ def bundle(recording, tmp_path):
     recording.add("a", "kv.tier.allocated.bytes", [0, 0, 0], kind="gauge", tier="nof")
     spec = CriteriaFile.model_validate(CRITERIA)
     runs = spec.bind(recording.db, ["a", "b"])
-    verdicts = [record_verdict(recording.db, evaluate(recording.db, c, runs), runs) for c in spec.criteria]
+    verification = Verification(recording.db, spec, runs, None)
+    verdicts = [verification.judge(criterion) for criterion in spec.criteria]
+    verification.finish()
     assert [v.passed for v in verdicts] == [True, True]
     return export_bundle(recording.db, [], tmp_path / "bundle")
 
 
 def rewrite_manifest(bundle, change, recompute_bundle_digest: bool = True) -> None:
-    """Edit the first verdict as a forger would: with the bundle's own digest recomputed over the edit (only a
-    digest given out of band or a signature tells then)."""
+    """Edit the first verdict as a forger would: with the verification's manifest and the bundle's own digest
+    recomputed over the edit (only a digest given out of band or a signature tells then)."""
     path = bundle / "evidence.json"
     data = json.loads(path.read_text())
     change(data["verdicts"][0])
     if recompute_bundle_digest:
-        data["bundle_digest"] = bundle_digest(data)
+        relist(data)
     path.write_text(json.dumps(data))
+
+
+def relist(data: dict) -> None:
+    """What a forger does last: each verification's manifest lists the bundle's verdicts as they are now (and no
+    others), its digest and the bundle's recomputed."""
+    for entry in data["verifications"]:
+        manifest = entry["manifest"]
+        manifest["verdicts"] = [
+            {"verdict_id": v["verdict_id"], "criterion": v["document"]["criterion"]["name"],
+             "passed": v["document"]["passed"], "digest": v["digest"]}
+            for v in data["verdicts"] if v["document"]["verification_id"] == entry["verification_id"]
+        ]  # fmt: skip
+        manifest["passed"] = all(v["passed"] for v in manifest["verdicts"]) and not manifest["errors"]
+        entry["digest"] = manifest_digest(manifest)
+    data["bundle_digest"] = bundle_digest(data)
 
 
 def test_an_untouched_bundle_checks_out(bundle):
@@ -136,8 +162,9 @@ def test_a_deleted_sample_is_caught_by_the_chunk_counts(bundle):
 def test_recording_the_same_verdict_twice_gives_the_same_digest(recording, bundle):
     spec = CriteriaFile.model_validate(CRITERIA)
     runs = spec.bind(recording.db, ["a", "b"])
-    again = record_verdict(recording.db, evaluate(recording.db, spec.criteria[0], runs), runs)
     first = json.loads((bundle / "evidence.json").read_text())["verdicts"][0]
+    outcome = evaluate(recording.db, spec.criteria[0], runs)
+    again = record_verdict(recording.db, outcome, runs, first["document"]["verification_id"])
     assert again.digest == first["digest"] and again.verdict_id == 3
 
 
@@ -233,8 +260,21 @@ def test_an_edit_without_the_bundle_digest_recomputed_is_caught(bundle):
     """The verdict ids, the database and the export time are covered by the bundle's digest too."""
     rewrite_manifest(bundle, lambda verdict: verdict.__setitem__("verdict_id", 7), recompute_bundle_digest=False)
     assert check_bundle(bundle).problems == [
-        "evidence.json: its bundle_digest does not match its content: the bundle was edited after export"
+        "evidence.json: its bundle_digest does not match its content: the bundle was edited after export",
+        "verdict 7: not what verification 1's manifest lists",
     ]
+
+
+def _recompile(recording, verdict: dict) -> None:
+    """A thorough forger: the SQL compiled again from the edited document, its rows re-run, the digest redone."""
+    document = verdict["document"]
+    runs = {role: Run(run["run_id"], run["name"], run["arm"], run["scenario"], "ab", 0.0, None, {})
+            for role, run in document["runs"].items()}  # fmt: skip
+    document["sql"] = Parity.model_validate(document["criterion"]).sql(runs)
+    result = recording.db.con.execute(document["sql"])
+    columns = [column[0] for column in result.description]
+    document["observed"] = [plain_row(dict(zip(columns, row, strict=True))) for row in result.fetchall()]
+    _redigest(recording, verdict)
 
 
 def _loosen_and_drop(recording, bundle) -> None:
@@ -245,16 +285,10 @@ def _loosen_and_drop(recording, bundle) -> None:
     verdict = data["verdicts"][0]
     document = verdict["document"]
     document["criterion"]["tolerance"] = 0.5
-    runs = {role: Run(run["run_id"], run["name"], run["arm"], run["scenario"], "ab", 0.0, None, {})
-            for role, run in document["runs"].items()}  # fmt: skip
-    document["sql"] = Parity.model_validate(document["criterion"]).sql(runs)
     document["threshold"]["relative_tolerance"] = 0.5
-    result = recording.db.con.execute(document["sql"])
-    columns = [column[0] for column in result.description]
-    document["observed"] = [plain_row(dict(zip(columns, row, strict=True))) for row in result.fetchall()]
-    _redigest(recording, verdict)
+    _recompile(recording, verdict)
     data["verdicts"] = [verdict]
-    data["bundle_digest"] = bundle_digest(data)
+    relist(data)
     path.write_text(json.dumps(data))
 
 
@@ -334,3 +368,81 @@ def test_the_bundle_readme_says_how_to_re_hash_it_and_its_command_works(bundle):
     command = readme.split('`python -c "', 1)[1].split('"`', 1)[0]
     done = subprocess.run([sys.executable, "-c", command], cwd=bundle, capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "True"
+
+
+def _two_verdicts_one_failing(recording) -> int:
+    """A verification whose second verdict fails (b saved 10% more); returns the passing verdict's id."""
+    recording.add("a", "kv.store.put.bytes", [0, 1000], tier="dram")
+    recording.add("b", "kv.store.put.bytes", [0, 1100], tier="dram")
+    spec = CriteriaFile.model_validate(
+        {"runs": ["a", "b"], "arms": {"a": "a", "b": "b"}, "criteria": [
+            {"name": "loose", "kind": "parity", "metric": "kv.store.put.bytes", "runs": ["a", "b"], "tolerance": 0.5},
+            {"name": "tight", "kind": "parity", "metric": "kv.store.put.bytes", "runs": ["a", "b"], "tolerance": 0.01},
+        ]}
+    )  # fmt: skip
+    verification = Verification(recording.db, spec, spec.bind(recording.db, ["a", "b"]), None)
+    passing, failing = (verification.judge(criterion) for criterion in spec.criteria)
+    assert passing.passed and not failing.passed
+    assert not verification.finish()["passed"]
+    return passing.verdict_id
+
+
+def test_a_bundle_of_the_passing_verdicts_alone_still_shows_the_failing_one(recording, tmp_path):
+    """The export of one verdict (as the service serves it) carries its verification's manifest: the check passes,
+    and says which verdict of the same verification the bundle leaves out, and that it failed."""
+    passing = _two_verdicts_one_failing(recording)
+    bundle = export_bundle(recording.db, [passing], tmp_path / "one")
+    report = check_bundle(bundle)
+    assert report.ok and [v["passed"] for v in report.verifications] == [False]
+    assert [(e["criterion"], e["passed"]) for e in report.left_out] == [("tight", False)]
+    result = runner.invoke(app, ["evidence", "check", str(bundle)])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 0 and "FAILED, 2 verdict(s)" in output
+    assert "left out of this bundle: verdict 2 tight FAIL (verification 1)" in output
+
+
+def test_a_verdict_without_its_verifications_manifest_is_refused(recording, tmp_path):
+    """A forger who deletes the manifest that lists the failing verdict (every digest recomputed) leaves a verdict
+    whose verification the bundle cannot show."""
+    bundle = export_bundle(recording.db, [_two_verdicts_one_failing(recording)], tmp_path / "one")
+    path = bundle / "evidence.json"
+    data = json.loads(path.read_text())
+    data["verifications"] = []
+    data["bundle_digest"] = bundle_digest(data)
+    path.write_text(json.dumps(data))
+    assert check_bundle(bundle).problems == [
+        "verdict 1: the bundle carries no manifest of the verification that judged it, so nothing shows what else "
+        "it judged"
+    ]
+
+
+def test_two_runs_names_swapped_are_caught_by_the_sql_the_arms_or_else_by_the_anchor(recording, tmp_path):
+    """A forger swaps the two runs' names (and arms) in every document and in the manifest, every digest recomputed:
+    the SQL names the runs, and their arms no longer match the roles the criteria bind them to. One who swaps the
+    names alone and compiles the SQL again leaves a bundle consistent in itself, which only the anchor tells."""
+    _two_verdicts_one_failing(recording)
+    bundle = export_bundle(recording.db, [], tmp_path / "all")
+    given = check_bundle(bundle).digest
+    path = bundle / "evidence.json"
+
+    def swap(fields: tuple[str, ...], thorough: bool) -> None:
+        data = json.loads(path.read_text())
+        for runs in [v["document"]["runs"] for v in data["verdicts"]] + [e["manifest"]["runs"] for e in
+                                                                             data["verifications"]]:  # fmt: skip
+            for field in fields:
+                runs["a"][field], runs["b"][field] = runs["b"][field], runs["a"][field]
+        for verdict in data["verdicts"]:
+            (_recompile if thorough else _redigest)(recording, verdict)
+        relist(data)
+        path.write_text(json.dumps(data))
+
+    swap(("name", "arm"), thorough=False)
+    problems = check_bundle(bundle).problems
+    assert "verification 1: role a is bound to run 'b' of arm 'b', and its criteria need arm 'a'" in problems
+    assert "verdict 1 (loose): its SQL is not what its criterion compiles to: the SQL or the criterion was changed" in (
+        problems
+    )
+    swap(("arm",), thorough=True)  # the arms back where the criteria want them, the names still swapped
+    assert check_bundle(bundle).ok
+    report = check_bundle(bundle, expect_digest=given)
+    assert report.problems == [f"evidence.json: digest {report.digest}, not the expected {given}"]
