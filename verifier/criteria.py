@@ -7,12 +7,13 @@ auditor re-runs it as is. The query returns one row per thing checked (a run pai
 a `passed` column; a criterion passes when it returned rows and every row passed.
 
 Counter increases follow Prometheus' increase() across resets: a sample lower than the one before it starts a new
-counter, whose value counts from zero. Unlike increase(), nothing is extrapolated past the first and last sample:
-the increase is what the run's samples show, and a counter series that first appears after its target's first
-scrape of the run was born during it (Mooncake exports its SSD counters only once it wrote to the SSD), so it counts
-from zero too (whole-run criteria). Gauges are measured as the criterion says (last - first, max - min...).
-Whole-run criteria read the per-batch chunk summaries (schema.py) rather than every sample; per-round and
-per-reset criteria read the samples.
+counter, whose value counts from zero; a metric with `counter_bits` (a fixed-width counter) wraps instead, a drop
+adding value + 2^bits - previous; whole-run result rows count both (`resets`, `wraps`). Unlike increase(),
+nothing is extrapolated past the first and last sample: the increase is what the run's samples show, and a counter
+series that first appears after its target's first scrape of the run was born during it (Mooncake exports its SSD
+counters only once it wrote to the SSD), so it counts from zero too (whole-run criteria). Gauges are measured as
+the criterion says (last - first, max - min...). Whole-run criteria read the per-batch chunk summaries (schema.py)
+rather than every sample (but for fixed-width counters); per-round and per-reset criteria read the samples.
 Before a query runs, every metric it reads must have samples in its run (at least two per series for a delta):
 an empty or missing series is an error that names it, never a pass.
 """
@@ -49,10 +50,20 @@ class Metric(_Strict):
     name: str
     raw: bool = False
     where: dict[str, str] = Field(default_factory=dict, description="label equalities, e.g. {tier: nof}")
+    counter_bits: int | None = Field(
+        None, ge=8, le=64, description="a counter this wide wraps at 2^bits: a drop is a wrap, not a reset"
+    )
 
     def describe(self) -> str:
         labels = ",".join(f"{k}={v}" for k, v in sorted(self.where.items()))
-        return f"{self.name}{{{labels}}}" + (" (raw)" if self.raw else "")
+        wraps = f" (wraps at 2^{self.counter_bits})" if self.counter_bits else ""
+        return f"{self.name}{{{labels}}}" + (" (raw)" if self.raw else "") + wraps
+
+    def step(self, value: str, prev: str) -> str:
+        """SQL: what a sample adds to the counter after `prev`: its rise, or after a drop its value (a reset) or
+        value + 2^bits - prev (a wrap of a fixed-width counter)."""
+        dropped = f"{value} + {_wrap(self)} - {prev}" if self.counter_bits else value
+        return f"CASE WHEN {prev} IS NULL THEN 0 WHEN {value} < {prev} THEN {dropped} ELSE {value} - {prev} END"
 
 
 def _metric(value: object) -> object:
@@ -134,10 +145,12 @@ b AS ({_per_series(runs[b], self.metric)}),
 totals AS (
     SELECT (SELECT sum({_MEASURES[self.measure]}) FROM a) AS a_value,
            (SELECT sum({_MEASURES[self.measure]}) FROM b) AS b_value,
-           (SELECT sum(samples) FROM a) + (SELECT sum(samples) FROM b) AS samples
+           (SELECT sum(samples) FROM a) + (SELECT sum(samples) FROM b) AS samples,
+           (SELECT sum(resets) FROM a) + (SELECT sum(resets) FROM b) AS resets,
+           (SELECT sum(wraps) FROM a) + (SELECT sum(wraps) FROM b) AS wraps
 )
 SELECT {_text(runs[a].name)} AS run_a, a_value, {_text(runs[b].name)} AS run_b, b_value,
-       (b_value - a_value) / nullif(a_value, 0) AS relative_difference, {tol} AS tolerance, samples,
+       (b_value - a_value) / nullif(a_value, 0) AS relative_difference, {tol} AS tolerance, samples, resets, wraps,
        coalesce(a_value > 0 AND abs(b_value - a_value) / a_value <= {tol}, false) AS passed
 FROM totals"""
 
@@ -180,7 +193,7 @@ class ZeroDelta(_CoveredDelta):
         )
         return f"""WITH x AS ({_per_series(runs[self.run], self.metric)})
 SELECT target, labels, kind, samples, first_ts, last_ts, first_value, last_value, min_value, max_value, resets,
-       {delta} AS delta, {delta} = 0 AS passed
+       wraps, {delta} AS delta, {delta} = 0 AS passed
 FROM x ORDER BY target, labels"""
 
     def threshold(self) -> dict:
@@ -232,12 +245,13 @@ logical AS (SELECT {group} AS grp, sum(increase) AS increase FROM ({puts}) GROUP
             logical = "l.increase"
         return f"""WITH
 written AS (
-    SELECT {group} AS grp, sum(increase) AS increase, sum(samples) AS samples, sum(resets) AS resets
+    SELECT {group} AS grp, sum(increase) AS increase, sum(samples) AS samples, sum(resets) AS resets,
+           sum(wraps) AS wraps
     FROM ({_per_series(run, self.metric)}) GROUP BY grp
 ){consistent},
 expected AS ({groups})
 SELECT e.grp AS {_ident(self.group_by)}, w.increase AS written, {logical} AS logical,
-       w.samples, w.resets, coalesce({check}, false) AS passed
+       w.samples, w.resets, w.wraps, coalesce({check}, false) AS passed
 FROM expected e LEFT JOIN written w USING (grp){join}
 ORDER BY 1"""
 
@@ -279,18 +293,20 @@ def per_round_ctes(run: Run, inputs: Mapping[str, Metric], rounds: Metric, prefi
     """WITH clauses ending in `{prefix}per_round`: one row per round of `run`, each input's increase in that round
     as a column of the input's name. Counters are summed over their series, reset-adjusted, at each cut."""
     counters = " UNION ALL ".join(
-        f"SELECT {_text(column)} AS metric, series_id FROM series WHERE {_series_filter(run, metric)}"
+        f"SELECT {_text(column)} AS metric, series_id, {_wrap(metric)} AS wrap FROM series "
+        f"WHERE {_series_filter(run, metric)}"
         for column, metric in inputs.items()
     )
     pivoted = ", ".join(f"sum(total) FILTER (WHERE metric = {_text(c)}) AS {_ident(c)}" for c in inputs)
     increases = ", ".join(f"{_ident(c)} - lag({_ident(c)}) OVER w AS {_ident(c)}" for c in inputs)
     p = prefix
     return f"""{p}inputs AS ({counters}),
-{p}running AS (  -- each series' reset-adjusted running total
+{p}running AS (  -- each series' running total, past resets (or wraps, for a fixed-width counter)
     SELECT metric, series_id, ts,
-           sum(CASE WHEN prev IS NULL THEN 0 WHEN value < prev THEN value ELSE value - prev END)
+           sum(CASE WHEN prev IS NULL THEN 0 WHEN value < prev THEN value + coalesce(wrap - prev, 0)
+                    ELSE value - prev END)
                OVER (PARTITION BY series_id ORDER BY ts) AS total
-    FROM (SELECT i.metric, p.series_id, p.ts, p.value,
+    FROM (SELECT i.metric, i.wrap, p.series_id, p.ts, p.value,
                  lag(p.value) OVER (PARTITION BY p.series_id ORDER BY p.ts) AS prev
           FROM samples p JOIN {p}inputs i USING (series_id))
 ),
@@ -435,9 +451,11 @@ class CrossSource(_Criterion):
         return f"""WITH
 m AS ({_per_series(run, self.metric)}),
 o AS ({_per_series(run, self.other)}),
-totals AS (SELECT (SELECT sum(increase) FROM m) AS value, (SELECT sum(increase) FROM o) AS other_value)
+totals AS (SELECT (SELECT sum(increase) FROM m) AS value, (SELECT sum(increase) FROM o) AS other_value,
+                  (SELECT sum(resets) FROM m) + (SELECT sum(resets) FROM o) AS resets,
+                  (SELECT sum(wraps) FROM m) + (SELECT sum(wraps) FROM o) AS wraps)
 SELECT {_text(self.metric.describe())} AS metric, value, {_text(self.other.describe())} AS other, other_value,
-       (other_value - value) / nullif(value, 0) AS relative_difference, {tol} AS tolerance,
+       (other_value - value) / nullif(value, 0) AS relative_difference, {tol} AS tolerance, resets, wraps,
        coalesce(abs(other_value - value) <= {tol} * abs(value), false) AS passed
 FROM totals"""
 
@@ -717,7 +735,10 @@ _MEASURES: dict[str, str] = {
 def _per_series(run: Run, metric: Metric) -> str:
     """One row per series of `metric` in `run`, merged from its chunks (schema.py): increases inside each chunk,
     plus the step from one chunk's last sample to the next one's first by the same reset rule; first, last, min,
-    max. The same numbers a scan of every sample gives, from a few rows per series."""
+    max, resets. The same numbers a scan of every sample gives, from a few rows per series. A fixed-width counter
+    (`counter_bits`) is read from its samples instead: the chunks summed its drops as resets."""
+    if metric.counter_bits:
+        return _per_series_wrapping(run, metric)
     return f"""
     SELECT s.series_id, s.target, s.labels, s.kind, sum(c.samples) AS samples,
            min(c.first_ts) AS first_ts, max(c.last_ts) AS last_ts,
@@ -725,15 +746,42 @@ def _per_series(run: Run, metric: Metric) -> str:
                                  ELSE c.first_value - c.prev_last END)
            + CASE WHEN s.kind = 'counter' AND min(c.first_ts) > any_value(t.target_first_ts)
                   THEN arg_min(c.first_value, c.first_ts) ELSE 0 END AS increase,
-           sum(c.resets + CASE WHEN c.first_value < c.prev_last THEN 1 ELSE 0 END) AS resets,
+           sum(c.resets + CASE WHEN c.first_value < c.prev_last THEN 1 ELSE 0 END) AS resets, 0 AS wraps,
            arg_min(c.first_value, c.first_ts) AS first_value, arg_max(c.last_value, c.last_ts) AS last_value,
            min(c.min_value) AS min_value, max(c.max_value) AS max_value
     FROM series s
     JOIN (SELECT *, lag(last_value) OVER (PARTITION BY series_id ORDER BY first_ts) AS prev_last FROM sample_chunks
           WHERE series_id IN (SELECT series_id FROM series WHERE {_series_filter(run, metric)})) c USING (series_id)
-    JOIN (SELECT ts.target, min(tc.first_ts) AS target_first_ts FROM series ts JOIN sample_chunks tc USING (series_id)
-          WHERE ts.run_id = {run.run_id} GROUP BY ts.target) t ON t.target = s.target
+    JOIN ({_target_starts(run)}) t ON t.target = s.target
     GROUP BY s.series_id, s.target, s.labels, s.kind"""
+
+
+def _per_series_wrapping(run: Run, metric: Metric) -> str:
+    """_per_series' rows for a fixed-width counter, from every sample: each drop a wrap (Metric.step)."""
+    return f"""
+    SELECT s.series_id, s.target, s.labels, s.kind, count(*) AS samples, min(p.ts) AS first_ts, max(p.ts) AS last_ts,
+           sum({metric.step("p.value", "p.prev")})
+           + CASE WHEN s.kind = 'counter' AND min(p.ts) > any_value(t.target_first_ts)
+                  THEN arg_min(p.value, p.ts) ELSE 0 END AS increase,
+           0 AS resets, count(*) FILTER (WHERE p.value < p.prev) AS wraps,
+           arg_min(p.value, p.ts) AS first_value, arg_max(p.value, p.ts) AS last_value,
+           min(p.value) AS min_value, max(p.value) AS max_value
+    FROM series s
+    JOIN (SELECT series_id, ts, value, lag(value) OVER (PARTITION BY series_id ORDER BY ts) AS prev FROM samples
+          WHERE series_id IN (SELECT series_id FROM series WHERE {_series_filter(run, metric)})) p USING (series_id)
+    JOIN ({_target_starts(run)}) t ON t.target = s.target
+    GROUP BY s.series_id, s.target, s.labels, s.kind"""
+
+
+def _target_starts(run: Run) -> str:
+    """Each target's first scrape in `run`: a counter first seen after it was born during the run."""
+    return f"""SELECT ts.target, min(tc.first_ts) AS target_first_ts
+          FROM series ts JOIN sample_chunks tc USING (series_id) WHERE ts.run_id = {run.run_id} GROUP BY ts.target"""
+
+
+def _wrap(metric: Metric) -> str:
+    """SQL: 2^bits for a fixed-width counter, NULL for one whose drops are resets."""
+    return _number(2.0**metric.counter_bits) if metric.counter_bits else "NULL"
 
 
 def _series_filter(run: Run, metric: Metric, prefix: str = "") -> str:

@@ -30,6 +30,29 @@ def test_increase_across_a_reset_counts_the_new_counter_from_zero(recording):
     assert outcome.passed
 
 
+def test_a_fixed_width_counter_wraps_instead_of_resetting_and_every_row_counts_it(recording):
+    """A 32-bit byte counter 4,294,960,000 -> 4,294,967,000 -> 3,000 rose 7,000 then wrapped: 296 to the top and
+    3,000 past it, 10,296 B in all. Read as a reset it counts 10,000 (-2.9%): parity against a 64-bit counter that
+    saw the same 10,296 B fails; with counter_bits: 32 it passes, and the rows say which it was."""
+    top = 2**32
+    recording.add("a", "kv.store.put.bytes", [top - 7296, top - 296, 3000], tier="dram")
+    recording.add("b", "kv.store.put.bytes", [0, 7000, 10296], tier="dram")
+    as_reset = judge(recording, parity(0.001))
+    assert (as_reset.rows[0]["a_value"], as_reset.rows[0]["resets"], as_reset.rows[0]["wraps"]) == (10000, 1, 0)
+    assert not as_reset.passed
+    wrapping = {**parity(0.001), "metric": {"name": "kv.store.put.bytes", "counter_bits": 32}}
+    outcome = judge(recording, wrapping)
+    assert (outcome.rows[0]["a_value"], outcome.rows[0]["resets"], outcome.rows[0]["wraps"]) == (10296, 0, 1)
+    assert outcome.passed
+    written = {"name": "w", "kind": "positive_delta", "run": "a", "expect": ["dram"],
+               "metric": {"name": "kv.store.put.bytes", "counter_bits": 32}}  # fmt: skip
+    row = judge(recording, written, ("a",)).rows[0]
+    assert (row["written"], row["resets"], row["wraps"]) == (10296, 0, 1)
+    idle = {"name": "z", "kind": "zero_delta", "run": "a", "metric": "kv.store.put.bytes"}
+    row = judge(recording, idle, ("a",)).rows[0]
+    assert (row["delta"], row["resets"], row["wraps"]) == (10000, 1, 0)
+
+
 def test_a_counter_born_during_the_run_counts_from_zero(recording):
     """The target was scraped at 1000 s without the series; it appears at 1002 s with 7 (Mooncake's SSD counters
     appear with the first offload): 7 + 3 happened in the run. A series there from the first scrape does not count
@@ -314,6 +337,20 @@ def test_one_token_out_of_balance_in_one_round_fails_that_round(recording):
         (3, 0, True),
     ]
     assert not outcome.passed
+
+
+def test_a_fixed_width_counter_wraps_within_a_round(recording):
+    """The computed tokens' counter is 16 bits wide here and wraps in round 2 (65,500 -> 65,536 + 34): read as a
+    wrap every round balances; read as a reset, round 2 loses the 36 tokens before the top."""
+    three_rounds(recording, "a", [65_400, 65_440, 65_500, 65_530, 34, 54, 74])
+    computed = {"name": "kv.prompt.tokens", "where": {"source": "computed"}}
+    assert [row["passed"] for row in judge(recording, PROMPT_TOKENS_CONSERVED, ("a",)).rows] == [True, False, True]
+    wrapping = {**PROMPT_TOKENS_CONSERVED,
+                "parts": [{**computed, "counter_bits": 16}, *PROMPT_TOKENS_CONSERVED["parts"][1:]]}  # fmt: skip
+    outcome = judge(recording, wrapping, ("a",))
+    assert [(r["round"], r["parts_sum"], r["total"]) for r in outcome.rows] == [(1, 100, 100), (2, 150, 150),
+                                                                                 (3, 200, 200)]  # fmt: skip
+    assert outcome.passed
 
 
 def test_balance_judges_every_run_it_names(recording):
