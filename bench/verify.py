@@ -338,8 +338,9 @@ def parity_criterion() -> tuple[CriteriaFile, Parity]:
 
 
 def media_criterion(name: str):
-    """A criterion of criteria/media.yaml, with its file (for binding the runs)."""
-    spec = load_criteria(CRITERIA)
+    """A criterion of criteria/media.yaml, with its file (for binding the runs: arms A and B here, so without the
+    file's arm labels)."""
+    spec = load_criteria(CRITERIA).model_copy(update={"arms": {}})
     (criterion,) = [c for c in spec.criteria if c.name == name]
     return spec, criterion
 
