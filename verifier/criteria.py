@@ -8,7 +8,7 @@ a `passed` column; a criterion passes when it returned rows and every row passed
 
 Counter increases follow Prometheus' increase() across resets: a sample lower than the one before it starts a new
 counter, whose value counts from zero; a metric with `counter_bits` (a fixed-width counter) wraps instead, a drop
-adding value + 2^bits - previous; whole-run result rows count both (`resets`, `wraps`). Unlike increase(),
+adding value + 2^bits - previous; result rows count both (`resets`, `wraps`). Unlike increase(),
 nothing is extrapolated past the first and last sample: the increase is what the run's samples show, and a counter
 series that first appears after its target's first scrape of the run was born during it (Mooncake exports its SSD
 counters only once it wrote to the SSD), so it counts from zero too (whole-run criteria). Gauges are measured as
@@ -291,24 +291,27 @@ class _Rounds(_Criterion):
 
 def per_round_ctes(run: Run, inputs: Mapping[str, Metric], rounds: Metric, prefix: str = "") -> str:
     """WITH clauses ending in `{prefix}per_round`: one row per round of `run`, each input's increase in that round
-    as a column of the input's name. Counters are summed over their series, reset-adjusted, at each cut."""
+    as a column of the input's name, and the resets and wraps of all inputs' series in it (`resets`, `wraps`).
+    Counters are summed over their series, reset-adjusted, at each cut."""
     counters = " UNION ALL ".join(
         f"SELECT {_text(column)} AS metric, series_id, {_wrap(metric)} AS wrap FROM series "
         f"WHERE {_series_filter(run, metric)}"
         for column, metric in inputs.items()
     )
     pivoted = ", ".join(f"sum(total) FILTER (WHERE metric = {_text(c)}) AS {_ident(c)}" for c in inputs)
-    increases = ", ".join(f"{_ident(c)} - lag({_ident(c)}) OVER w AS {_ident(c)}" for c in inputs)
+    increases = ", ".join(f"{_ident(c)} - lag({_ident(c)}) OVER w AS {_ident(c)}" for c in [*inputs, "resets", "wraps"])
     p = prefix
     return f"""{p}inputs AS ({counters}),
 {p}running AS (  -- each series' running total, past resets (or wraps, for a fixed-width counter)
     SELECT metric, series_id, ts,
            sum(CASE WHEN prev IS NULL THEN 0 WHEN value < prev THEN value + coalesce(wrap - prev, 0)
-                    ELSE value - prev END)
-               OVER (PARTITION BY series_id ORDER BY ts) AS total
+                    ELSE value - prev END) OVER s AS total,
+           count(*) FILTER (WHERE value < prev AND wrap IS NULL) OVER s AS resets,
+           count(*) FILTER (WHERE value < prev AND wrap IS NOT NULL) OVER s AS wraps
     FROM (SELECT i.metric, i.wrap, p.series_id, p.ts, p.value,
                  lag(p.value) OVER (PARTITION BY p.series_id ORDER BY p.ts) AS prev
           FROM samples p JOIN {p}inputs i USING (series_id))
+    WINDOW s AS (PARTITION BY series_id ORDER BY ts)
 ),
 {p}cuts AS (  -- the first sample at which the round counter reached each value
     SELECT CAST(value AS BIGINT) AS round, min(ts) AS ts
@@ -316,12 +319,12 @@ def per_round_ctes(run: Run, inputs: Mapping[str, Metric], rounds: Metric, prefi
     GROUP BY 1
 ),
 {p}at_cut AS (
-    SELECT c.round, r.metric, sum(r.total) AS total
+    SELECT c.round, r.metric, sum(r.total) AS total, sum(r.resets) AS resets, sum(r.wraps) AS wraps
     FROM (SELECT c.round, c.ts, i.metric, i.series_id FROM {p}cuts c CROSS JOIN {p}inputs i) c
     ASOF JOIN {p}running r ON c.series_id = r.series_id AND c.ts >= r.ts
     GROUP BY c.round, r.metric
 ),
-{p}pivoted AS (SELECT round, {pivoted} FROM {p}at_cut GROUP BY round),
+{p}pivoted AS (SELECT round, {pivoted}, sum(resets) AS resets, sum(wraps) AS wraps FROM {p}at_cut GROUP BY round),
 {p}per_round AS (  -- a round's increase, from the cut before it to its own
     SELECT round, {increases}
     FROM {p}pivoted WINDOW w AS (ORDER BY round)
@@ -342,7 +345,7 @@ class RatioToBound(_Rounds):
 {self._per_round(runs[self.run])}
 SELECT round, hit_tokens, query_tokens, bound_tokens,
        hit_tokens / nullif(query_tokens, 0) AS hit_ratio, bound_tokens / nullif(query_tokens, 0) AS ideal_hit_ratio,
-       hit_tokens / nullif(bound_tokens, 0) AS ratio_to_bound, {t} AS threshold,
+       hit_tokens / nullif(bound_tokens, 0) AS ratio_to_bound, {t} AS threshold, resets, wraps,
        hit_tokens >= {t} * bound_tokens AS passed
 FROM per_round ORDER BY round"""
 
@@ -369,7 +372,7 @@ islands AS (
 )
 SELECT round, hit_tokens, query_tokens, bound_tokens,
        hit_tokens / nullif(query_tokens, 0) AS hit_ratio, bound_tokens / nullif(query_tokens, 0) AS ideal_hit_ratio,
-       below,
+       resets, wraps, below,
        CASE WHEN below THEN row_number() OVER (PARTITION BY below, island ORDER BY round) ELSE 0 END AS streak,
        CASE WHEN below THEN min(round) OVER (PARTITION BY below, island) END AS streak_start,
        NOT below OR row_number() OVER (PARTITION BY below, island ORDER BY round) < {self.consecutive} AS passed
@@ -415,7 +418,7 @@ class Balance(_Criterion):
         tol = _number(self.tolerance)
         selects = "\nUNION ALL\n".join(
             f"SELECT {_text(runs[role].name)} AS run, round, {parts} AS parts_sum, total, "
-            f"{parts} - total AS difference, {tol} AS tolerance, "
+            f"{parts} - total AS difference, {tol} AS tolerance, resets, wraps, "
             f"coalesce(abs({parts} - total) <= {tol}, false) AS passed FROM r{n}_per_round"
             for n, role in enumerate(self.runs)
         )

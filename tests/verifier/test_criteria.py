@@ -344,12 +344,14 @@ def test_a_fixed_width_counter_wraps_within_a_round(recording):
     wrap every round balances; read as a reset, round 2 loses the 36 tokens before the top."""
     three_rounds(recording, "a", [65_400, 65_440, 65_500, 65_530, 34, 54, 74])
     computed = {"name": "kv.prompt.tokens", "where": {"source": "computed"}}
-    assert [row["passed"] for row in judge(recording, PROMPT_TOKENS_CONSERVED, ("a",)).rows] == [True, False, True]
+    as_reset = judge(recording, PROMPT_TOKENS_CONSERVED, ("a",)).rows
+    assert [(row["passed"], row["resets"], row["wraps"]) for row in as_reset] == [(True, 0, 0), (False, 1, 0),
+                                                                                   (True, 0, 0)]  # fmt: skip
     wrapping = {**PROMPT_TOKENS_CONSERVED,
                 "parts": [{**computed, "counter_bits": 16}, *PROMPT_TOKENS_CONSERVED["parts"][1:]]}  # fmt: skip
     outcome = judge(recording, wrapping, ("a",))
-    assert [(r["round"], r["parts_sum"], r["total"]) for r in outcome.rows] == [(1, 100, 100), (2, 150, 150),
-                                                                                 (3, 200, 200)]  # fmt: skip
+    assert [(r["round"], r["parts_sum"], r["total"], r["wraps"]) for r in outcome.rows] == [
+        (1, 100, 100, 0), (2, 150, 150, 1), (3, 200, 200, 0)]  # fmt: skip
     assert outcome.passed
 
 
