@@ -654,24 +654,35 @@ def _check_coverage(db: Database, criterion: _CoveredDelta, run: Run, series_ids
     """Each series spans the run, or the criterion cannot judge it (an input error naming the series and the gap).
 
     A scrape is a time at which the series' target answered: a recorder stamps every series of a scrape with one
-    time, so the target's series with the most samples has them all, and only its samples and the checked ones'
-    are read. Misses count scrapes, not seconds (an A/B is scraped per round, however long a round takes); the
-    run's scrape interval, for the targets' ends, is the median interval between them. A series misses at most
-    `max_missed_scrapes` of its target's scrapes in a row, between its target's first and last; a gauge also from
-    its target's first scrape (a counter may be born during the run: it counts from zero) and to its last; and
-    the target starts and stops within `max_missed_scrapes` + 1 of the run's intervals of the run's own first and
-    last scrape (a target that went silent mid-run, or joined late, covers only part of it)."""
+    time, so the target's series with the most samples has them all, and only its samples and those of the
+    checked series that have fewer are read (a checked series with as many has every scrape). Misses count
+    scrapes, not seconds (an A/B is scraped per round, however long a round takes); the run's scrape interval,
+    for the targets' ends, is the median interval between them. A series misses at most `max_missed_scrapes` of
+    its target's scrapes in a row, between its target's first and last; a gauge also from its target's first
+    scrape (a counter may be born during the run: it counts from zero) and to its last; and the target starts
+    and stops within `max_missed_scrapes` + 1 of the run's intervals of the run's own first and last scrape (a
+    target that went silent mid-run, or joined late, covers only part of it)."""
     allowed = criterion.max_missed_scrapes
     ids = ", ".join(map(str, series_ids))
+    counts = f"""counts AS (
+    SELECT s.target, s.series_id, sum(c.samples) AS samples
+    FROM sample_chunks c JOIN series s USING (series_id)
+    WHERE s.run_id = {run.run_id} AND s.target IN (SELECT DISTINCT target FROM series WHERE series_id IN ({ids}))
+    GROUP BY s.target, s.series_id
+)"""
+    # A series with as many samples as its target has scrapes has them all (its samples are at scrapes of its
+    # target): only the others' samples are read to find their gaps (-1: no series, as NOT IN (NULL) is never true).
+    short = run_sql(
+        db.con,
+        f"""WITH {counts}
+SELECT series_id FROM counts c WHERE series_id IN ({ids})
+    AND samples < (SELECT max(samples) FROM counts t WHERE t.target = c.target)""",
+    )
+    gapped = ", ".join(str(series_id) for (series_id,) in short) or "-1"
     rows = run_sql(
         db.con,
         f"""WITH
-checked AS (SELECT DISTINCT target FROM series WHERE series_id IN ({ids})),
-counts AS (
-    SELECT s.target, s.series_id, sum(c.samples) AS samples
-    FROM sample_chunks c JOIN series s USING (series_id)
-    WHERE s.run_id = {run.run_id} AND s.target IN (SELECT target FROM checked) GROUP BY s.target, s.series_id
-),
+{counts},
 reference AS (  -- per target, the series with the most samples: its times are the target's scrapes
     SELECT target, arg_max(series_id, samples) AS series_id FROM counts GROUP BY target
 ),
@@ -689,12 +700,15 @@ present AS (
     SELECT x.series_id, r.k, r.ts, lag(r.k) OVER (PARTITION BY x.series_id ORDER BY r.k) AS prev_k,
            lag(r.ts) OVER (PARTITION BY x.series_id ORDER BY r.k) AS prev_ts
     FROM samples x JOIN series s USING (series_id) JOIN ranked r ON r.target = s.target AND r.ts = x.ts
-    WHERE x.series_id IN ({ids})
+    WHERE x.series_id IN ({gapped})
 ),
 per_series AS (
     SELECT series_id, min(k) AS first_k, max(k) AS last_k, max(k - prev_k - 1) AS missed,
            arg_max(prev_ts, k - prev_k) AS gap_from, arg_max(ts, k - prev_k) AS gap_to
     FROM present GROUP BY series_id
+    UNION ALL
+    SELECT c.series_id, 1, t.scrapes, 0, NULL, NULL
+    FROM counts c JOIN targets t USING (target) WHERE c.series_id IN ({ids}) AND c.series_id NOT IN ({gapped})
 )
 SELECT s.series_id, s.target, s.kind, s.labels, p.first_k, p.last_k, coalesce(p.missed, 0), p.gap_from, p.gap_to,
        t.scrapes, t.first_ts - r.first_ts, r.last_ts - t.last_ts, r.interval
