@@ -2,11 +2,12 @@
 
 A verdict's evidence is one JSON document: the criterion as written, the runs it was bound to, the SQL verbatim,
 the rows it returned, the threshold, the series it read (with their labels and sample counts), the time range, and
-the kvscope and DuckDB versions. Its digest is sha256 over the document's canonical JSON (sorted keys, no spaces,
-UTF-8), a newline, and the chunks of samples it read (schema.py: each chunk is a batch of one series, hashed when
-it was written), in (series_id, first_ts) order, each as series_id (little-endian int64), first_ts and last_ts
-(little-endian float64), its sample count (int64) and its 32-byte sha256. Every sample is covered, yet stamping a
-verdict reads a few rows per series rather than every sample.
+the kvscope and DuckDB versions. Its digest is sha256 over the document's RFC 8785 canonical JSON (documents of the
+first format, kvscope-evidence/1: sorted keys, no spaces, UTF-8), a newline, and the chunks of samples it read
+(schema.py: each chunk is a batch of one series, hashed when it was written), in (series_id, first_ts) order, each
+as series_id (little-endian int64), first_ts and last_ts (little-endian float64), its sample count (int64) and its
+32-byte sha256. Every sample is covered, yet stamping a verdict reads a few rows per series rather than every
+sample.
 
 Each verdict names the verification that judged it (one `kvscope verify`, or an A/B the service ended), whose
 manifest lists the criteria file and its sha256, the params and arms bound, the runs, every verdict and every
@@ -59,7 +60,8 @@ from kvscope.verifier.criteria import CriteriaError, CriteriaFile, Criterion, Ou
 from kvscope.verifier.db import Database, Run, VerifierError, canonical_json, run_sql
 from kvscope.verifier.schema import MIGRATIONS, chunk_digest, chunk_rows
 
-BUNDLE_FORMAT = "kvscope-evidence/1"
+BUNDLE_FORMAT = "kvscope-evidence/2"  # 2: documents digested as RFC 8785 canonical JSON, verification manifests
+FIRST_FORMAT = "kvscope-evidence/1"  # documents digested as kvscope's own sorted-key JSON: still checked
 VERIFICATION_FORMAT = "kvscope-verification/1"
 FLOAT_TOLERANCE = 1e-9  # re-run sums of doubles may differ in the last bits (parallel aggregation order)
 
@@ -84,7 +86,16 @@ def chunks_of(con: duckdb.DuckDBPyConnection, series_ids: list[int]) -> dict[str
 
 
 def digest(document: Mapping, chunks: Mapping[str, np.ndarray]) -> str:
-    sha = hashlib.sha256(canonical_json(document).encode())
+    """The verdict's digest: sha256 over the document's RFC 8785 canonical JSON (kvscope's sorted-key JSON for a
+    document of the first format), a newline, then each chunk's bounds, count and hash."""
+    if document.get("format") == FIRST_FORMAT:
+        text = canonical_json(document).encode()
+    else:
+        try:
+            text = rfc8785.dumps(document)
+        except (rfc8785.CanonicalizationError, TypeError, ValueError) as error:
+            raise VerifierError(f"a verdict's document cannot be canonicalized (RFC 8785): {error}") from None
+    sha = hashlib.sha256(text)
     sha.update(b"\n")
     for series_id, first_ts, last_ts, samples, chunk_sha in zip(
         chunks["series_id"].tolist(), chunks["first_ts"].tolist(), chunks["last_ts"].tolist(),
@@ -384,7 +395,9 @@ SQL computes now. Without the CLI, in Python: `import duckdb; con = duckdb.conne
 bundle's own: read it first.
 
 Re-hash: `python -c "import json, hashlib, rfc8785; b = json.load(open('{MANIFEST}')); d = b.pop('bundle_digest');
-print(hashlib.sha256(rfc8785.dumps(b)).hexdigest() == d)"`.
+print(hashlib.sha256(rfc8785.dumps(b)).hexdigest() == d)"`. A verdict's digest is sha256 over its document's RFC
+8785 JSON, a newline, then for each of its series' chunks in `{CHUNKS}` (by series_id, first_ts): series_id
+(int64), first_ts and last_ts (float64), samples (int64), all little-endian, and the chunk's 32-byte sha256.
 
 `kvscope evidence check .` does all of this and more: it recomputes every chunk hash from the samples, compiles each
 criterion again and compares its SQL, and checks a digest or signature you were given apart from the bundle.

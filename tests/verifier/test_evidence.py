@@ -446,3 +446,48 @@ def test_two_runs_names_swapped_are_caught_by_the_sql_the_arms_or_else_by_the_an
     assert check_bundle(bundle).ok
     report = check_bundle(bundle, expect_digest=given)
     assert report.problems == [f"evidence.json: digest {report.digest}, not the expected {given}"]
+
+
+def test_a_verdicts_digest_re_hashes_with_rfc8785_and_the_chunk_framing_alone(bundle):
+    """What the module docstring says an outsider computes: sha256 over the document's RFC 8785 JSON, a newline,
+    then each chunk (series_id int64, first_ts and last_ts float64, samples int64, its sha256) from
+    chunks.parquet."""
+    import hashlib
+    import struct
+
+    import rfc8785
+
+    verdict = json.loads((bundle / "evidence.json").read_text())["verdicts"][0]
+    ids = ", ".join(str(s["series_id"]) for s in verdict["document"]["series"])
+    with duckdb.connect() as con:
+        chunks = con.execute(
+            f"SELECT series_id, first_ts, last_ts, samples, sha256 FROM read_parquet('{bundle / 'chunks.parquet'}') "
+            f"WHERE series_id IN ({ids}) ORDER BY series_id, first_ts"
+        ).fetchall()
+    sha = hashlib.sha256(rfc8785.dumps(verdict["document"]) + b"\n")
+    for series_id, first_ts, last_ts, samples, chunk_sha in chunks:
+        sha.update(struct.pack("<qddq", series_id, first_ts, last_ts, samples) + chunk_sha)
+    assert sha.hexdigest() == verdict["digest"]
+
+
+def test_a_document_of_the_first_format_is_digested_as_it_was(recording, bundle):
+    """Verdicts stored before RFC 8785 (format kvscope-evidence/1) were digested over kvscope's sorted-key JSON: such
+    a document still checks out, and its digest is that one."""
+    import hashlib
+    import struct
+
+    from kvscope.verifier.db import canonical_json
+
+    def first_format(verdict: dict) -> None:
+        document = verdict["document"]
+        document["format"] = "kvscope-evidence/1"
+        chunks = chunks_of(recording.db.con, [s["series_id"] for s in document["series"]])
+        legacy = hashlib.sha256(canonical_json(document).encode() + b"\n")
+        columns = [chunks[c].tolist() for c in ("series_id", "first_ts", "last_ts", "samples", "sha256")]
+        for series_id, first_ts, last_ts, samples, chunk_sha in zip(*columns, strict=True):
+            legacy.update(struct.pack("<qddq", series_id, first_ts, last_ts, samples) + chunk_sha)
+        verdict["digest"] = legacy.hexdigest()
+        assert digest(document, chunks) == verdict["digest"]
+
+    rewrite_manifest(bundle, first_format)
+    assert check_bundle(bundle).ok
