@@ -175,7 +175,8 @@ class ABManager:
         recorder = None
         try:
             recorder = ABRecorder(db, test.scenario, prefix=f"{test.id}/", store_names=lambda arm: f"{test.id}/{arm}")
-            workdir = self.workdir / test.id
+            workdir = self.workdir / test.id  # the arms' file-backed tiers, `<arm>-<tier>.blocks`
+            workdir.mkdir(parents=True, exist_ok=True)
             for name in test.scenario.runnable_arms:
                 if followed_arm(test.scenario, name) is None:  # a follower starts when its real arm is done
                     arms[name] = make_arm(test.scenario, name, the_plan, workdir, published_as=f"{test.id}/{name}")

@@ -22,8 +22,18 @@ def describe(error: ValidationError, origin: str, what: str, prefix: str = "") -
     """`origin: invalid what`, then one `  dotted.field: reason` line per problem."""
     lines = [f"{origin}: invalid {what}"]
     for problem in error.errors():
-        # a validator's wrapper ("function-after[...]") and a tagged union's branch ("union-...") are not fields
-        parts = [str(part) for part in problem["loc"] if not str(part).startswith(("function-", "union-"))]
-        where = prefix + ".".join(parts)
+        where = prefix + ".".join(_field(part) for part in problem["loc"] if not _wrapper(part))
         lines.append(f"  {where or '(top level)'}: {problem['msg'].removeprefix('Value error, ')}")
     return lines
+
+
+def _wrapper(part: str | int) -> bool:
+    """A validator's wrapper ("function-after[...]"), a tagged union's branch ("union-...") or the mark of a dict
+    key ("[key]"): not fields."""
+    return str(part).startswith(("function-", "union-")) or part == "[key]"
+
+
+def _field(part: str | int) -> str:
+    """A location part as written, but a key from the input that is not a plain name (an arm named "a/b\n")
+    quoted, so what is printed is one line and shows the key exactly."""
+    return str(part) if isinstance(part, int) or part.isidentifier() else repr(part)

@@ -6,10 +6,12 @@ runs. Sizes accept B, KB, MB, GB, TB and KiB, MiB, GiB, TiB (see kvscope.units).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -36,6 +38,22 @@ def _seconds(value: object) -> object:
 
 
 Seconds = Annotated[float, BeforeValidator(_seconds)]
+# Arm and scenario names become file names (an arm's file-backed tiers), run names and metric labels: letters,
+# digits, "_" and "-" only (no path separator, no dot, no quote or newline), as short as a label should be.
+ARM_NAME, SCENARIO_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,62}"), re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,126}")
+
+
+def _named(pattern: re.Pattern[str], what: str):
+    def check(name: str) -> str:
+        if not pattern.fullmatch(name):
+            raise ValueError(f"{what} {name!r}: use letters, digits, _ and - only ({pattern.pattern})")
+        return name
+
+    return AfterValidator(check)
+
+
+ArmName = Annotated[str, _named(ARM_NAME, "arm name")]
+ScenarioName = Annotated[str, _named(SCENARIO_NAME, "scenario name")]
 StoreKind = Literal["embedded", "mooncake"]
 VLLM_MIN_LEASE_S = 1.0  # covers vLLM's gap between the connector's lookup and its load (see _vllm_engine_fits)
 MOONCAKE_MIN_SEGMENT = 16 * 1024**2  # the store client refuses a smaller global segment ("at least 16777216")
@@ -344,13 +362,13 @@ class PredictionSpec(_Strict):
 
 
 class Scenario(_Strict):
-    name: str = "scenario"
+    name: ScenarioName = "scenario"
     description: str = ""
     workload: Annotated[MultiRoundWorkload | TraceWorkload, Field(discriminator="kind")]
     kv: KvGeometry
     engine: EngineSpec = EngineSpec()
     prediction: PredictionSpec = PredictionSpec()
-    arms: dict[str, AnyArm] = Field(min_length=1)
+    arms: dict[ArmName, AnyArm] = Field(min_length=1)
 
     @model_validator(mode="after")
     def _block_size_agrees(self) -> Scenario:

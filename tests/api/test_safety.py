@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -101,3 +103,33 @@ def test_an_ended_ab_is_withdrawn_from_the_exporters_after_its_retention(app_fac
             assert time.monotonic() < deadline, "the ended A/B's engine was never withdrawn"
             time.sleep(0.05)
         assert [run["name"] for run in client.get("/api/v1/runs").json()] == [f"{ab_id}/a"]
+
+
+def test_an_arm_named_like_a_path_is_refused_before_any_file_is_opened(client, tmp_path):
+    """The file backend stores an arm's tier as `<workdir>/<arm>-<tier>.blocks`: an arm named after another file
+    once truncated it. Arm names are plain names now, refused with 422 saying which and why; the file is intact."""
+    auth = {"Authorization": "Bearer test-token"}
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"x" * 100_000)
+    for name in (str(victim), "../../victim", "a\nb", 'a"b', "a.b"):
+        tiers = [{"name": "dram", "capacity": "1MB", "backend": "file"}]
+        scenario = {**SMALL, "arms": {name: {"tiers": tiers}}}
+        answer = client.post("/api/v1/ab", json={"scenario": scenario}, headers=auth)
+        assert answer.status_code == 422, (name, answer.text)
+        messages = [problem["msg"] for problem in answer.json()["detail"]]
+        assert any(f"arm name {name!r}: use letters, digits, _ and - only" in message for message in messages)
+    assert victim.read_bytes() == b"x" * 100_000
+
+
+def test_a_file_backed_ab_runs_over_the_api(client, tmp_path):
+    """Its work directory is made for it: the blocks land in `<workdir>/<ab>/<arm>-<tier>.blocks`."""
+    auth = {"Authorization": "Bearer test-token"}
+    scenario = {**SMALL, "arms": {"a": {"tiers": [{"name": "dram", "capacity": "1MB", "backend": "file"}]}}}
+    ab_id = client.post("/api/v1/ab", json={"scenario": scenario}, headers=auth).json()["id"]
+    for _ in range(600):
+        test = client.get(f"/api/v1/ab/{ab_id}").json()
+        if test["status"] not in ("pending", "running"):
+            break
+        time.sleep(0.05)
+    assert test["status"] == "finished", test.get("error")
+    assert (tmp_path / "ab" / ab_id / "a-dram.blocks").exists()
