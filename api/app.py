@@ -12,7 +12,9 @@ import contextlib
 import gc
 from collections.abc import AsyncIterator, Callable
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 from prometheus_client import REGISTRY
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -91,9 +93,21 @@ def create_app(settings: Settings | None = None, on_started: Callable[[Services]
     )
     for module in (health, predict, ab, alerts, dashboards, evidence, page):
         app.include_router(module.router)
+    app.add_exception_handler(RequestValidationError, _invalid_request)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(RequestMetrics)
     return app
+
+
+async def _invalid_request(request: Request, error: RequestValidationError) -> JSONResponse:
+    """422 naming each problem's place and reason. The input is not echoed back: it may hold what JSON cannot
+    carry (1e999, NaN, a 4,300-digit integer) or what a client should not see again."""
+    problems = [
+        {"type": problem["type"], "loc": [part if isinstance(part, int) else str(part) for part in problem["loc"]],
+         "msg": str(problem["msg"])}
+        for problem in error.errors()
+    ]  # fmt: skip
+    return JSONResponse(status_code=422, content={"detail": problems})
 
 
 class BodyLimit:

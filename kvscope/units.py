@@ -6,8 +6,10 @@ bits (Gb/s, Gbps) is converted to bytes per second so every cost in kvscope is i
 
 from __future__ import annotations
 
+import math
 import re
 
+MAX_BYTES = 2**63 - 1
 _SIZE_UNITS: dict[str, int] = {
     "B": 1,
     "KB": 1000,
@@ -32,15 +34,37 @@ def parse_size(value: str | int | float) -> int:
         raise ValueError(f"invalid size {value!r}: expected a number of bytes or a string like '50GiB'")
     if isinstance(value, int | float):
         if value < 0:
-            raise ValueError(f"invalid size {value!r}: must not be negative")
-        return round(value)
+            raise ValueError(f"invalid size {_shown(value)}: must not be negative")
+        return _bytes(_finite(value, "size"), value)
     match = _NUMBER_UNIT.match(value) if isinstance(value, str) else None
     if not match:
-        raise ValueError(f"invalid size {value!r}: expected a number and a unit, like '88.1KB' or '50GiB'")
+        raise ValueError(f"invalid size {_shown(value)}: expected a number and a unit, like '88.1KB' or '50GiB'")
     number, unit = float(match.group(1)), match.group(2) or "B"
     if unit not in _SIZE_UNITS:
-        raise ValueError(f"invalid size {value!r}: unit {unit!r} is not one of {', '.join(_SIZE_UNITS)}")
-    return round(number * _SIZE_UNITS[unit])
+        raise ValueError(f"invalid size {_shown(value)}: unit {unit!r} is not one of {', '.join(_SIZE_UNITS)}")
+    return _bytes(_finite(number * _SIZE_UNITS[unit], "size", value), value)
+
+
+def _bytes(number: float, written: object) -> int:
+    """A size rounded to a byte, at most 2^63 - 1 (what a 64-bit counter of bytes holds)."""
+    if number > MAX_BYTES:
+        raise ValueError(f"invalid size {_shown(written)}: more than 2^63 - 1 bytes")
+    return round(number)
+
+
+def _finite(number: float, what: str, written: object = None) -> float:
+    """`number`, unless it is infinite or not a number (1e400GB, JSON's Infinity and NaN): a ValueError naming it."""
+    if not math.isfinite(number):
+        raise ValueError(f"invalid {what} {_shown(number if written is None else written)}: not a finite number")
+    return number
+
+
+def _shown(value: object) -> str:
+    """`value` as an error message quotes it, cut short (a 4,300-digit integer is not repeated in full)."""
+    if isinstance(value, int) and abs(value) > MAX_BYTES:
+        return f"(an integer of {digits(value)} digits)"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def parse_bandwidth(value: str | int | float) -> float:
@@ -49,8 +73,8 @@ def parse_bandwidth(value: str | int | float) -> float:
         raise ValueError(f"invalid bandwidth {value!r}")
     if isinstance(value, int | float):
         if value <= 0:
-            raise ValueError(f"invalid bandwidth {value!r}: must be positive")
-        return float(value)
+            raise ValueError(f"invalid bandwidth {_shown(value)}: must be positive")
+        return _finite(float(value), "bandwidth", value)
     if not isinstance(value, str):
         raise ValueError(f"invalid bandwidth {value!r}: expected a rate like '400Gb/s' or a number of bytes/s")
     text = value.strip()
@@ -73,7 +97,7 @@ def parse_bandwidth(value: str | int | float) -> float:
         raise ValueError(f"invalid bandwidth {value!r}: unit {unit!r} is not one of {units} (per second)")
     if rate <= 0:
         raise ValueError(f"invalid bandwidth {value!r}: must be positive")
-    return rate
+    return _finite(rate, "bandwidth", value)
 
 
 _DURATION_UNITS: dict[str, float] = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -92,8 +116,8 @@ def parse_duration(value: str | int | float) -> float:
             raise ValueError(f"invalid duration {value!r}: expected a number and one of {', '.join(_DURATION_UNITS)}")
         seconds = float(match.group(1)) * _DURATION_UNITS[unit or "s"]
     if seconds <= 0:
-        raise ValueError(f"invalid duration {value!r}: must be positive")
-    return seconds
+        raise ValueError(f"invalid duration {_shown(value)}: must be positive")
+    return _finite(seconds, "duration", value)
 
 
 def format_bytes(count: float) -> str:
@@ -103,3 +127,9 @@ def format_bytes(count: float) -> str:
         if magnitude >= scale:
             return f"{count / scale:.4g} {unit}"
     return f"{count:.0f} B"
+
+
+def digits(number: int) -> int:
+    """The decimal digits of an integer, counted without writing it out (Python refuses to above 4,300)."""
+    count = max(1, int(abs(number).bit_length() * math.log10(2)))
+    return count + (abs(number) >= 10**count)

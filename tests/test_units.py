@@ -66,3 +66,22 @@ def test_values_of_the_wrong_type_are_value_errors_naming_them(value):
     for parse in (parse_size, parse_bandwidth, parse_duration):
         with pytest.raises(ValueError, match="invalid"):
             parse(value)
+
+
+@pytest.mark.parametrize(
+    ("parse", "value", "says"),
+    [
+        (parse_size, "1e400GB", "invalid size '1e400GB': not a finite number"),
+        (parse_size, float("inf"), "invalid size inf: not a finite number"),
+        (parse_size, float("nan"), "invalid size nan: not a finite number"),
+        (parse_size, 2**80, "invalid size (an integer of 25 digits): more than 2^63 - 1 bytes"),
+        (parse_size, "1e30PB", "more than 2^63 - 1 bytes"),
+        (parse_bandwidth, "1e400Gb/s", "invalid bandwidth '1e400Gb/s': not a finite number"),
+        (parse_bandwidth, float("inf"), "not a finite number"),
+        (parse_duration, "1e400s", "invalid duration '1e400s': not a finite number"),
+    ],
+)
+def test_numbers_without_a_finite_value_are_refused_by_name(parse, value, says):
+    with pytest.raises(ValueError) as caught:
+        parse(value)
+    assert says in str(caught.value)

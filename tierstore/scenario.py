@@ -25,7 +25,7 @@ from pydantic import (
 from kvscope.tierstore.backends import BACKENDS
 from kvscope.tierstore.policies import POLICIES
 from kvscope.tierstore.store import Placement
-from kvscope.units import parse_bandwidth, parse_duration, parse_size
+from kvscope.units import digits, parse_bandwidth, parse_duration, parse_size
 from kvscope.validation import describe, read_yaml
 
 Bytes = Annotated[int, BeforeValidator(parse_size)]
@@ -40,6 +40,7 @@ def _seconds(value: object) -> object:
 Seconds = Annotated[float, BeforeValidator(_seconds)]
 # Arm and scenario names become file names (an arm's file-backed tiers), run names and metric labels: letters,
 # digits, "_" and "-" only (no path separator, no dot, no quote or newline), as short as a label should be.
+MAX_INTEGER = 2**63 - 1
 ARM_NAME, SCENARIO_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,62}"), re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,126}")
 
 
@@ -74,7 +75,20 @@ class ScenarioError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bounded_integers(cls, data: object) -> object:
+        """No count or size beyond a 64-bit integer: a 4,300-digit number is a typo or an attack, and arithmetic
+        on it (the service's work bound) would never end."""
+        if isinstance(data, dict):
+            for key, value in data.items():
+                if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INTEGER:
+                    raise ValueError(
+                        f"{key}: an integer of {digits(value)} digits is more than kvscope takes (2^63 - 1)"
+                    )
+        return data
 
 
 class MultiRoundWorkload(_Strict):

@@ -133,3 +133,35 @@ def test_a_file_backed_ab_runs_over_the_api(client, tmp_path):
         time.sleep(0.05)
     assert test["status"] == "finished", test.get("error")
     assert (tmp_path / "ab" / ab_id / "a-dram.blocks").exists()
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "says"),
+    [
+        ('"capacity": "1MB"', '"capacity": "1e400GB"', "invalid size '1e400GB': not a finite number"),
+        ('"bytes_per_token": 100', '"bytes_per_token": Infinity', "invalid size inf: not a finite number"),
+        ('"bytes_per_token": 100', '"bytes_per_token": NaN', "invalid size nan: not a finite number"),
+        ('"sessions": 2', '"sessions": ' + "9" * 4300, "sessions: an integer of 4300 digits is more than kvscope"),
+        ('"capacity": "1MB"', '"capacity": ' + "9" * 4300, "capacity: an integer of 4300 digits"),
+        ('"first_prompt_tokens": 64', '"first_prompt_tokens": 64, "seed": 1e999', "finite"),
+    ],
+)
+def test_numbers_json_cannot_carry_are_a_422_naming_the_field_never_a_500(app_factory, tmp_path, field, value, says):
+    """1e400GB, JSON's Infinity and NaN, a 4,300-digit integer: refused at validation, and the 422 does not echo
+    the input back (it could not be written as JSON)."""
+    import json
+
+    with TestClient(app_factory(tmp_path, max_body_bytes=65536)) as client:
+        _refused(client, json, field, value, says)
+
+
+def _refused(client, json, field: str, value: str, says: str) -> None:
+    text = json.dumps(SMALL)
+    assert field in text
+    hostile = text.replace(field, value)
+    auth = {"Authorization": "Bearer test-token", "Content-Type": "application/json"}
+    for path, body in (("/api/v1/ab", '{"scenario": ' + hostile + "}"), ("/api/v1/predict", hostile)):
+        answer = client.post(path, content=body, headers=auth)
+        assert answer.status_code == 422, (path, answer.text)
+        messages = " ".join(problem["msg"] for problem in answer.json()["detail"])
+        assert says in messages and "input" not in answer.json()["detail"][0], (path, messages)
