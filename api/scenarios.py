@@ -10,6 +10,10 @@ from kvscope.tierstore.scenario import Scenario
 
 MAX_BLOCK_LOOKUPS = 50_000_000  # about a minute of simulation per arm; long_output is 1.6 M
 MAX_REQUESTS = 1_000_000  # sessions x rounds: each request is an object and a pass of the engine
+# Every round costs each arm a row of the answer (predict, an A/B's detail) and a recorded scrape, whatever its
+# requests: a 700-byte body of 10 arms x 1,000,000 rounds once asked for a 136 MB prediction.
+MAX_ROUNDS = 1_000
+MAX_ARMS = 16
 MAX_REAL_BYTES = 2 * 1024**3  # memory and file backends hold real bytes
 # A real Mooncake arm holds its segment in memory and its SSD tier on the service's disk, and paces its requests
 # (request_interval): bound both, and the requests, so one A/B takes minutes, not hours.
@@ -98,13 +102,17 @@ def _real_store_limits(scenario: Scenario) -> list[tuple]:
 def _too_much_work(scenario: Scenario) -> list[tuple]:
     """The simulation's size from arithmetic alone: requests, and block lookups (at least one per request)."""
     w = scenario.workload
+    problems = []
+    if w.rounds > MAX_ROUNDS:
+        problems.append(("workload", "rounds", f"{w.rounds:,} rounds is more than the service runs ({MAX_ROUNDS:,})"))
+    if len(scenario.arms) > MAX_ARMS:
+        problems.append(("arms", f"{len(scenario.arms)} arms is more than the service runs ({MAX_ARMS})"))
     requests = w.sessions * w.rounds
     # every session's prompt grows by (output + user) tokens a round: sum over rounds in closed form
     tokens = w.sessions * (
         w.rounds * w.first_prompt_tokens + (w.output_tokens + w.user_tokens) * w.rounds * (w.rounds - 1) // 2
     )
     lookups = (tokens // scenario.block_tokens + requests) * len(scenario.arms)
-    problems = []
     if requests > MAX_REQUESTS:
         problems.append(
             (

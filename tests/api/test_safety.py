@@ -165,3 +165,16 @@ def _refused(client, json, field: str, value: str, says: str) -> None:
         assert answer.status_code == 422, (path, answer.text)
         messages = " ".join(problem["msg"] for problem in answer.json()["detail"])
         assert says in messages and "input" not in answer.json()["detail"][0], (path, messages)
+
+
+def test_a_small_body_cannot_ask_for_a_huge_answer(client):
+    """10 arms x 1,000,000 rounds in about 700 bytes once made the prediction 136 MB: rounds and arms are
+    bounded, refused with 422 naming the bound, before anything is planned."""
+    arms = {f"a{index}": {"tiers": [{"name": "dram", "capacity": "1MB"}]} for index in range(10)}
+    many_rounds = {**SMALL, "workload": {**SMALL["workload"], "sessions": 1, "rounds": 1_000_000}, "arms": arms}
+    answer = client.post("/api/v1/predict", json=many_rounds)
+    assert answer.status_code == 422 and "1,000,000 rounds is more than the service runs (1,000)" in answer.text
+    many_arms = {**SMALL, "arms": {f"a{index}": arms["a0"] for index in range(17)}}
+    answer = client.post("/api/v1/predict", json=many_arms)
+    assert answer.status_code == 422 and "17 arms is more than the service runs (16)" in answer.text
+    assert len(client.post("/api/v1/predict", json=SMALL).content) < 20_000
