@@ -63,5 +63,10 @@ def provision(body: ProvisionRequest, settings: SettingsDep) -> dict:
             answer = grafana.dashboard.update_dashboard(payload)
         except GrafanaException as error:
             raise HTTPException(status.HTTP_502_BAD_GATEWAY, f"Grafana refused dashboard {uid!r}: {error}") from None
+        except OSError as error:  # the HTTP client's connection errors (requests' are OSErrors)
+            raise HTTPException(
+                status.HTTP_502_BAD_GATEWAY,
+                f"Grafana at {settings.grafana_url} could not be reached: {type(error).__name__}",
+            ) from None
         pushed.append({"uid": uid, "url": answer.get("url"), "version": answer.get("version")})
     return {"grafana": settings.grafana_url, "dashboards": pushed}

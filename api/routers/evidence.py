@@ -207,6 +207,12 @@ def get_samples(
         series_where.params,
         json_columns=("labels",),
     )
+    if not series and not run_sql(
+        db.con,
+        "SELECT 1 FROM series WHERE run_id = ? AND name = ? AND normalized = ? LIMIT 1",
+        [run_id, metric, not raw],
+    ):
+        raise HTTPException(status.HTTP_404_NOT_FOUND, _no_metric(run_id, metric, raw))
     sql, params = _page_sql(series_where, start, end, step)
     fetched = db.con.execute(sql, [*params, limit + 1, offset]).fetchnumpy()
     next_offset = _next_offset(len(fetched["ts"]), offset, limit)
@@ -223,6 +229,17 @@ def get_samples(
     if fmt == "csv":
         return Response(_csv(page, series), media_type="text/csv; charset=utf-8", headers=headers)
     return _parquet(db, page, f"run-{run_id}-samples", headers)
+
+
+def _no_metric(run_id: int, metric: str, raw: bool) -> str:
+    """What a 404 for a name the run does not hold says: where the names are, and how normalized ones are spelled."""
+    message = f"run {run_id} has no {'raw' if raw else 'normalized'} series named {metric!r}"
+    if not raw and "." not in metric:
+        message += (
+            " (normalized series carry the KV-tier model's dotted names, e.g. kv.store.put.bytes, not their "
+            "Prometheus names such as kv_store_put_bytes_total; raw=true reads a source's own names)"
+        )
+    return message + f"; GET /api/v1/runs/{run_id} lists the series it holds"
 
 
 def _json_samples(page: dict[str, np.ndarray]) -> list[list]:

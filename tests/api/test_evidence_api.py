@@ -300,7 +300,8 @@ def test_label_matchers_select_series_and_an_empty_value_matches_a_missing_label
 
 
 def test_raw_selects_the_exporters_series(client):
-    assert get_samples(client, raw="true").json()["series"] == []
+    missing = get_samples(client, raw="true")
+    assert missing.status_code == 404 and "no raw series named 'kv.tier.written.bytes'" in missing.json()["detail"]
     raw = get_samples(client, metric="tierstore_tier_written_bytes_total", raw="true").json()
     assert raw["samples"] == in_database(
         client, "media/dram_only", "tierstore_tier_written_bytes_total", normalized=False
@@ -339,13 +340,23 @@ def test_step_keeps_the_last_sample_of_each_bucket(client, with_start):
 
 @pytest.mark.parametrize("attempt", INJECTIONS)
 def test_injection_attempts_in_metric_and_label_values_find_nothing(client, tmp_path, attempt):
-    assert get_samples(client, metric=attempt).json()["samples"] == []
-    assert get_samples(client, metric=attempt, format="csv").text == "series_id,target,labels,ts,value\n"
-    assert parquet_rows(get_samples(client, metric=attempt, format="parquet").content, tmp_path) == []
+    for fmt in ("json", "csv", "parquet"):
+        answer = get_samples(client, metric=attempt, format=fmt)
+        assert answer.status_code == 404 and f"no normalized series named {attempt!r}" in answer.json()["detail"]
     for labels in ([f"tier={attempt}"], ["tier=nof", f"system={attempt}"]):
         response = get_samples(client, label=labels)
         assert response.status_code == 200 and response.json()["samples"] == []
     assert query(client, "SELECT count(*) FROM samples")[0][0] > 0  # nothing was dropped
+
+
+def test_a_metric_the_run_does_not_hold_is_a_404_that_says_how_names_are_spelled(client):
+    """The Prometheus name of a normalized series is not its stored name: the answer says which is which, and
+    where the run's names are listed; a name the run holds but no series of it matches the labels is an empty 200."""
+    answer = get_samples(client, metric="kv_tier_written_bytes_total")
+    detail = answer.json()["detail"]
+    assert answer.status_code == 404 and "dotted names, e.g. kv.store.put.bytes" in detail and "/api/v1/runs/" in detail
+    empty = get_samples(client, label=["tier=none"])
+    assert empty.status_code == 200 and empty.json()["samples"] == []
 
 
 @pytest.mark.parametrize(

@@ -178,3 +178,21 @@ def test_a_small_body_cannot_ask_for_a_huge_answer(client):
     answer = client.post("/api/v1/predict", json=many_arms)
     assert answer.status_code == 422 and "17 arms is more than the service runs (16)" in answer.text
     assert len(client.post("/api/v1/predict", json=SMALL).content) < 20_000
+
+
+def test_provisioning_with_grafana_unreachable_is_a_502_that_names_it(app_factory, tmp_path):
+    """A Grafana that does not answer (nothing listens on the port) was a 500 from the HTTP client's error."""
+    import socket
+
+    from pydantic import SecretStr
+
+    with socket.socket() as probe:  # a loopback port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    grafana = f"http://127.0.0.1:{port}"
+    app = app_factory(tmp_path, grafana_url=grafana, grafana_token=SecretStr("grafana-token"))
+    (tmp_path / "dashboards").mkdir()
+    (tmp_path / "dashboards" / "one.json").write_text('{"uid": "one", "title": "One", "panels": []}')
+    with TestClient(app) as client:
+        answer = client.post("/api/v1/dashboards/provision", json={}, headers={"Authorization": "Bearer test-token"})
+    assert answer.status_code == 502 and f"Grafana at {grafana} could not be reached" in answer.json()["detail"]
