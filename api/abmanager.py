@@ -192,6 +192,7 @@ class ABManager:
             for arm in arms.values():
                 arm.close()
             self._predicted(test, the_plan, firing=False)
+            self.alerts.end(ab=test.id)  # a collapse of an A/B that ended is over: it resolves, it does not page on
             test.ended_at = time.time()
             self._withdraw_later(test)
         if test.status == "running" and not test.stop.is_set():

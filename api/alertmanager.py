@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 import httpx
 from prometheus_client import Counter
 
-from kvscope.api.alerts import Alert, AlertBook
+from kvscope.api.alerts import RULES, Alert, AlertBook
 
 log = logging.getLogger(__name__)
 POSTS = Counter("kvscope_alertmanager_posts", "posts of alerts to Alertmanager", ["outcome"])
@@ -28,11 +28,12 @@ def _iso(ts: float) -> str:
 
 
 def payload(alert: Alert, now: float, resend_s: float, generator_url: str) -> dict:
-    """One alert in Alertmanager's v2 API shape."""
+    """One alert in Alertmanager's v2 API shape, with its rule's severity and runbook (alerts.RULES)."""
     ends = alert.resolved_at if alert.state == "resolved" and alert.resolved_at else now + 4 * resend_s
+    rule = RULES[alert.name]
     return {
-        "labels": {"alertname": alert.name, **alert.labels},
-        "annotations": {"summary": alert.summary, "description": alert.description},
+        "labels": {"alertname": alert.name, "severity": rule.severity, **alert.labels},
+        "annotations": {"summary": alert.summary, "description": alert.description, "runbook_url": rule.runbook_url},
         "startsAt": _iso(alert.fired_at or alert.active_at),
         "endsAt": _iso(ends),
         "generatorURL": generator_url,

@@ -26,6 +26,23 @@ COLLAPSE = "KVCacheHitRateCollapse"
 PREDICTED = "KVCacheCollapsePredicted"
 
 
+@dataclass(frozen=True)
+class AlertRule:
+    """What an alert is to the person it reaches: its severity (the shipped Alertmanager route pages on critical)
+    and its runbook section."""
+
+    severity: Literal["critical", "warning"]
+    runbook_url: str
+
+
+# Every alert the service raises. KVCacheHitRateCollapse is a Prometheus rule too
+# (deploy/prometheus/rules/kvscope-alerts.yml): a test holds its severity and runbook to these.
+RULES: dict[str, AlertRule] = {
+    COLLAPSE: AlertRule("critical", "docs/runbook.md#kvcachehitratecollapse"),
+    PREDICTED: AlertRule("warning", "docs/runbook.md#kvcachecollapsepredicted"),
+}
+
+
 @dataclass
 class Alert:
     name: str
@@ -61,6 +78,13 @@ class AlertBook:
 
     def active(self) -> list[Alert]:
         return [a for a in self.list() if a.state in ("pending", "firing")]
+
+    def end(self, **labels: str) -> None:
+        """What the alerts carrying these labels watched is over (an A/B ended or was stopped): the firing ones
+        resolve, the pending ones are forgotten."""
+        for alert in self.active():
+            if all(alert.labels.get(key) == value for key, value in labels.items()):
+                self.set(alert.name, alert.labels, None)
 
     def set(self, name: str, labels: dict[str, str], state: State | None, summary: str = "", **details) -> None:
         """Move the alert `name{labels}` to `state` (None: the condition is gone), stamping the transition."""

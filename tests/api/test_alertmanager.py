@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -48,7 +49,8 @@ def test_a_firing_then_resolved_collapse_alert_reaches_alertmanager_and_its_rece
             return [a for a in alerts if a["labels"].get("alertname") == COLLAPSE and a["status"]["state"] == "active"]
 
         (alert,) = wait_for(firing_in_alertmanager, "the alert in Alertmanager")
-        assert alert["labels"] == {"alertname": COLLAPSE, **labels}
+        assert alert["labels"] == {"alertname": COLLAPSE, "severity": "critical", **labels}
+        assert alert["annotations"]["runbook_url"] == "docs/runbook.md#kvcachehitratecollapse"
         assert alert["annotations"]["summary"].startswith("round 8")
         notified = wait_for(lambda: [n for n in hook.notifications if n["status"] == "firing"], "a firing webhook")
         assert notified[0]["alerts"][0]["labels"]["arm"] == "dram_only"
@@ -66,3 +68,22 @@ def test_an_unreachable_alertmanager_is_reported_not_raised():
     book.set(COLLAPSE, {"arm": "a"}, "firing", "collapsed")
     assert forwarder.post_once() is False
     forwarder.stop()
+
+
+def test_the_services_alerts_have_the_severity_and_runbook_of_the_shipped_rules():
+    """One meaning per alert name: where the shipped Prometheus rules define an alert the service also raises,
+    they agree on its severity and runbook, and every runbook section the service points at exists."""
+    import yaml
+
+    from kvscope.api.alerts import RULES
+
+    root = Path(__file__).resolve().parents[2]
+    shipped = yaml.safe_load((root / "deploy" / "prometheus" / "rules" / "kvscope-alerts.yml").read_text())
+    rules = {rule["alert"]: rule for group in shipped["groups"] for rule in group["rules"] if "alert" in rule}
+    assert COLLAPSE in rules
+    for name, rule in RULES.items():
+        if name in rules:
+            assert rules[name]["labels"]["severity"] == rule.severity, name
+            assert rules[name]["annotations"]["runbook_url"] == rule.runbook_url, name
+        anchor = rule.runbook_url.partition("#")[2]
+        assert f"\n## {name}\n" in (root / "docs" / "runbook.md").read_text() and anchor == name.lower()

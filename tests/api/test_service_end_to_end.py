@@ -54,6 +54,9 @@ def test_an_ab_over_http_collapses_at_the_predicted_round_and_its_evidence_check
 
     assert test["status"] == "finished"
     assert [state for state, _ in seen[:2]] == ["pending", "firing"]
+    # the A/B is over, and so is its collapse: resolved, not firing on (and re-sent) for ever
+    ours = [a for a in client.get("/api/v1/alerts").json() if a["labels"].get("ab") == ab_id]
+    assert ours and {a["state"] for a in ours} == {"resolved"}, ours
     assert seen[0][1].startswith(f"round {collapse_round - 1}:")  # the tier fills within one round: pending
     assert seen[1][1].startswith(f"round {collapse_round}:")  # the collapse itself: firing
     assert test["arms"]["dram_only"]["observed_collapse_round"] == collapse_round
