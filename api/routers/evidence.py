@@ -179,7 +179,9 @@ def _page_sql(series: _Where, start: float | None, end: float | None, step: floa
 def get_samples(
     run_id: RunId,
     db: DatabaseDep,
-    metric: Annotated[str, Query(min_length=1, max_length=1024, description="the series name")],
+    metric: Annotated[
+        str, Query(min_length=1, max_length=1024, description="the series name", examples=["kv.tier.written.bytes"])
+    ],
     label: Annotated[list[LabelMatcher], Query(description="`key=value`, repeatable; all must match")] = [],  # noqa: B006 - FastAPI copies defaults per request; default_factory made it re-inspect `list` each time
     raw: Annotated[bool, Query(description="the exporter's raw series instead of the normalized ones")] = False,
     start: Seconds = None,
