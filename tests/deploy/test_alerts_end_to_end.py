@@ -205,3 +205,42 @@ def test_the_dram_only_arm_collapse_goes_from_prometheus_rules_through_alertmana
     assert {s["metric"]["arm"]: float(s["value"][1]) > 0 for s in nof} == {"dram_only": False, "tiered": True}
 
     assert time.monotonic() - started_at < 90
+
+
+def test_the_shipped_inhibitions_silence_an_arms_warning_but_never_a_whole_cluster(tmp_path, real_binary):
+    """The shipped alertmanager.yml: a collapse silences the same A/B arm's KVCacheCollapseImminent, not another
+    arm's; a cluster's collapse, which names no ab or arm, silences nothing (`equal` holds between two alerts
+    that both lack the labels, which once let one collapse silence every warning of a cluster)."""
+    hook = Webhook()
+    config = tmp_path / "alertmanager.yml"
+    config.write_text(yaml.safe_dump(alertmanager_config(hook)))
+    process = start_alertmanager(real_binary("alertmanager"), config, tmp_path / "data", tmp_path / "am.log")
+    try:
+        process.wait_ready("Alertmanager", 20)
+        collapse = {"alertname": "KVCacheHitRateCollapse", "severity": "critical"}
+        imminent = {"alertname": "KVCacheCollapseImminent", "severity": "warning"}
+        alerts = [
+            {**collapse, "target": "vllm-a", "engine": "0"},  # a cluster's: no ab, no arm
+            {**imminent, "target": "mooncake-b", "tier": "dram"},
+            {**collapse, "ab": "ab-1", "arm": "dram_only"},
+            {**imminent, "ab": "ab-1", "arm": "dram_only"},
+            {**imminent, "ab": "ab-1", "arm": "tiered"},
+        ]
+        posted = httpx.post(f"{process.url}/api/v2/alerts", json=[{"labels": labels} for labels in alerts])
+        assert posted.status_code == 200, posted.text
+
+        def states() -> dict | None:
+            found = httpx.get(f"{process.url}/api/v2/alerts").json()
+            warnings = {
+                (a["labels"].get("target") or a["labels"]["arm"]): a["status"]["state"]
+                for a in found
+                if a["labels"]["alertname"] == "KVCacheCollapseImminent"
+            }
+            return warnings if len(warnings) == 3 and "suppressed" in warnings.values() else None
+
+        assert wait_for(states, "the arm's warning to be inhibited", 20) == {
+            "mooncake-b": "active", "dram_only": "suppressed", "tiered": "active"
+        }  # fmt: skip
+    finally:
+        process.stop()
+        hook.stop()
