@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import Depends, HTTPException, Request, status
+from fastapi import Depends, HTTPException, Request, Response, status
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from kvscope.api.abmanager import ABManager
@@ -55,6 +56,22 @@ def require_token(
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED, "a valid bearer token is required", headers={"WWW-Authenticate": "Bearer"}
         )
+
+
+class TokenFirst(APIRoute):
+    """A route that needs the token checks it before its body is read: a caller without the token gets a 401,
+    whatever the body (malformed JSON was a 422 that told a stranger how the body would have been judged)."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+        if not any(dependency.call is require_token for dependency in self.dependant.dependencies):
+            return handler
+
+        async def token_first(request: Request) -> Response:
+            require_token(request, await _bearer(request))
+            return await handler(request)
+
+        return token_first
 
 
 ServicesDep = Annotated[Services, Depends(services)]

@@ -8,11 +8,11 @@ from fastapi import APIRouter, Body, HTTPException, status
 from pydantic import BaseModel, ConfigDict, Field
 
 from kvscope.api.abmanager import Busy
-from kvscope.api.deps import Authorized, ServicesDep
+from kvscope.api.deps import Authorized, ServicesDep, TokenFirst
 from kvscope.api.scenarios import EXAMPLE_SCENARIO, accept
 from kvscope.tierstore.scenario import Scenario
 
-router = APIRouter(prefix="/api/v1/ab", tags=["ab"])
+router = APIRouter(prefix="/api/v1/ab", tags=["ab"], route_class=TokenFirst)
 
 
 class ABRequest(BaseModel):

@@ -8,9 +8,9 @@ from pathlib import Path
 from fastapi import APIRouter, HTTPException, status
 from pydantic import BaseModel, ConfigDict, Field
 
-from kvscope.api.deps import Authorized, SettingsDep
+from kvscope.api.deps import Authorized, SettingsDep, TokenFirst
 
-router = APIRouter(prefix="/api/v1/dashboards", tags=["dashboards"])
+router = APIRouter(prefix="/api/v1/dashboards", tags=["dashboards"], route_class=TokenFirst)
 
 
 def _dashboards(folder: Path) -> dict[str, dict]:

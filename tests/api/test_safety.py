@@ -196,3 +196,13 @@ def test_provisioning_with_grafana_unreachable_is_a_502_that_names_it(app_factor
     with TestClient(app) as client:
         answer = client.post("/api/v1/dashboards/provision", json={}, headers={"Authorization": "Bearer test-token"})
     assert answer.status_code == 502 and f"Grafana at {grafana} could not be reached" in answer.json()["detail"]
+
+
+@pytest.mark.parametrize("body", [b"{not json", b'{"scenario": 1}', b""])
+def test_without_the_token_any_body_is_a_401_before_it_is_read(client, body):
+    """A stranger learns nothing of how a body would be judged: malformed JSON was a 422 before the 401."""
+    for path in ("/api/v1/ab", "/api/v1/dashboards/provision"):
+        answer = client.post(path, content=body, headers={"Content-Type": "application/json"})
+        assert answer.status_code == 401, (path, answer.text)
+    with_token = {"Content-Type": "application/json", "Authorization": "Bearer test-token"}
+    assert client.post("/api/v1/ab", content=b"{not json", headers=with_token).status_code == 422
