@@ -91,10 +91,7 @@ def digest(document: Mapping, chunks: Mapping[str, np.ndarray]) -> str:
     if document.get("format") == FIRST_FORMAT:
         text = canonical_json(document).encode()
     else:
-        try:
-            text = rfc8785.dumps(document)
-        except (rfc8785.CanonicalizationError, TypeError, ValueError) as error:
-            raise VerifierError(f"a verdict's document cannot be canonicalized (RFC 8785): {error}") from None
+        text = rfc8785_bytes(document, "a verdict's document")
     sha = hashlib.sha256(text)
     sha.update(b"\n")
     for series_id, first_ts, last_ts, samples, chunk_sha in zip(
@@ -219,10 +216,16 @@ class Verification:
 
 def manifest_digest(manifest: Mapping) -> str:
     """sha256 over a verification manifest's RFC 8785 canonical JSON."""
+    return hashlib.sha256(rfc8785_bytes(manifest, "a verification manifest")).hexdigest()
+
+
+def rfc8785_bytes(value: Mapping, what: str) -> bytes:
+    """`value`'s RFC 8785 canonical JSON, what every digest of a bundle is taken over; an input error naming `what`
+    when it has no such form (a number beyond I-JSON's range, a key that is not a string)."""
     try:
-        return hashlib.sha256(rfc8785.dumps(manifest)).hexdigest()
+        return rfc8785.dumps(value)
     except (rfc8785.CanonicalizationError, TypeError, ValueError) as error:
-        raise VerifierError(f"a verification manifest cannot be canonicalized (RFC 8785): {error}") from None
+        raise VerifierError(f"{what} cannot be canonicalized (RFC 8785): {error}") from None
 
 
 def _run_record(run: Run) -> dict:
@@ -335,10 +338,7 @@ def export_bundle(db: Database, verdict_ids: list[int], out: Path) -> Path:
 def bundle_digest(bundle: Mapping) -> str:
     """sha256 over the RFC 8785 canonical JSON of evidence.json without its `bundle_digest`."""
     covered = {key: value for key, value in bundle.items() if key != "bundle_digest"}
-    try:
-        return hashlib.sha256(rfc8785.dumps(covered)).hexdigest()
-    except (rfc8785.CanonicalizationError, TypeError, ValueError) as error:
-        raise VerifierError(f"evidence.json cannot be canonicalized (RFC 8785): {error}") from None
+    return hashlib.sha256(rfc8785_bytes(covered, "evidence.json")).hexdigest()
 
 
 def sign_bundle(bundle: Path, key_file: Path) -> str:
