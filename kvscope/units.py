@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 
-MAX_BYTES = 2**63 - 1
+MAX_INTEGER = 2**63 - 1  # the most a count or a size may be (a 64-bit counter's range)
 _SIZE_UNITS: dict[str, int] = {
     "B": 1,
     "KB": 1000,
@@ -47,7 +47,7 @@ def parse_size(value: str | int | float) -> int:
 
 def _bytes(number: float, written: object) -> int:
     """A size rounded to a byte, at most 2^63 - 1 (what a 64-bit counter of bytes holds)."""
-    if number > MAX_BYTES:
+    if number > MAX_INTEGER:
         raise ValueError(f"invalid size {_shown(written)}: more than 2^63 - 1 bytes")
     return round(number)
 
@@ -61,7 +61,7 @@ def _finite(number: float, what: str, written: object = None) -> float:
 
 def _shown(value: object) -> str:
     """`value` as an error message quotes it, cut short (a 4,300-digit integer is not repeated in full)."""
-    if isinstance(value, int) and abs(value) > MAX_BYTES:
+    if isinstance(value, int) and abs(value) > MAX_INTEGER:
         return f"(an integer of {digits(value)} digits)"
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."

@@ -25,7 +25,7 @@ from pydantic import (
 from kvscope.tierstore.backends import BACKENDS
 from kvscope.tierstore.policies import POLICIES
 from kvscope.tierstore.store import Placement
-from kvscope.units import digits, parse_bandwidth, parse_duration, parse_size
+from kvscope.units import MAX_INTEGER, digits, parse_bandwidth, parse_duration, parse_size
 from kvscope.validation import describe, read_yaml
 
 Bytes = Annotated[int, BeforeValidator(parse_size)]
@@ -40,7 +40,6 @@ def _seconds(value: object) -> object:
 Seconds = Annotated[float, BeforeValidator(_seconds)]
 # Arm and scenario names become file names (an arm's file-backed tiers), run names and metric labels: letters,
 # digits, "_" and "-" only (no path separator, no dot, no quote or newline), as short as a label should be.
-MAX_INTEGER = 2**63 - 1
 ARM_NAME, SCENARIO_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,62}"), re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,126}")
 
 
