@@ -59,12 +59,6 @@ class Metric(_Strict):
         wraps = f" (wraps at 2^{self.counter_bits})" if self.counter_bits else ""
         return f"{self.name}{{{labels}}}" + (" (raw)" if self.raw else "") + wraps
 
-    def step(self, value: str, prev: str) -> str:
-        """SQL: what a sample adds to the counter after `prev`: its rise, or after a drop its value (a reset) or
-        value + 2^bits - prev (a wrap of a fixed-width counter)."""
-        dropped = f"{value} + {_wrap(self)} - {prev}" if self.counter_bits else value
-        return f"CASE WHEN {prev} IS NULL THEN 0 WHEN {value} < {prev} THEN {dropped} ELSE {value} - {prev} END"
-
 
 def _metric(value: object) -> object:
     """`metric: kv.store.put.bytes` is short for `metric: {name: kv.store.put.bytes}`."""
@@ -304,8 +298,7 @@ def per_round_ctes(run: Run, inputs: Mapping[str, Metric], rounds: Metric, prefi
     return f"""{p}inputs AS ({counters}),
 {p}running AS (  -- each series' running total, past resets (or wraps, for a fixed-width counter)
     SELECT metric, series_id, ts,
-           sum(CASE WHEN prev IS NULL THEN 0 WHEN value < prev THEN value + coalesce(wrap - prev, 0)
-                    ELSE value - prev END) OVER s AS total,
+           sum({_step("value", "prev", "wrap")}) OVER s AS total,
            count(*) FILTER (WHERE value < prev AND wrap IS NULL) OVER s AS resets,
            count(*) FILTER (WHERE value < prev AND wrap IS NOT NULL) OVER s AS wraps
     FROM (SELECT i.metric, i.wrap, p.series_id, p.ts, p.value,
@@ -774,10 +767,10 @@ def _per_series(run: Run, metric: Metric) -> str:
 
 
 def _per_series_wrapping(run: Run, metric: Metric) -> str:
-    """_per_series' rows for a fixed-width counter, from every sample: each drop a wrap (Metric.step)."""
+    """_per_series' rows for a fixed-width counter, from every sample: each drop a wrap (_step)."""
     return f"""
     SELECT s.series_id, s.target, s.labels, s.kind, count(*) AS samples, min(p.ts) AS first_ts, max(p.ts) AS last_ts,
-           sum({metric.step("p.value", "p.prev")})
+           sum({_step("p.value", "p.prev", _wrap(metric))})
            + CASE WHEN s.kind = 'counter' AND min(p.ts) > any_value(t.target_first_ts)
                   THEN arg_min(p.value, p.ts) ELSE 0 END AS increase,
            0 AS resets, count(*) FILTER (WHERE p.value < p.prev) AS wraps,
@@ -794,6 +787,15 @@ def _target_starts(run: Run) -> str:
     """Each target's first scrape in `run`: a counter first seen after it was born during the run."""
     return f"""SELECT ts.target, min(tc.first_ts) AS target_first_ts
           FROM series ts JOIN sample_chunks tc USING (series_id) WHERE ts.run_id = {run.run_id} GROUP BY ts.target"""
+
+
+def _step(value: str, prev: str, wrap: str) -> str:
+    """SQL: what a sample adds to its counter after `prev`: its rise, or after a drop its value (a reset), or value +
+    `wrap` - prev where `wrap` (2^bits, a column or a literal; NULL for a counter that resets) is not NULL."""
+    return (
+        f"CASE WHEN {prev} IS NULL THEN 0 WHEN {value} < {prev} THEN {value} + coalesce({wrap} - {prev}, 0) "
+        f"ELSE {value} - {prev} END"
+    )
 
 
 def _wrap(metric: Metric) -> str:
