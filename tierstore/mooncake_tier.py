@@ -54,15 +54,10 @@ class MooncakeTier(Tier):
         return evicted + self._evict(keep_evicted)
 
     def probe(self, keys: Sequence[Key]) -> None:
-        """The client's existence check over `keys`: one batch, which leases every present block."""
+        """The client's existence check over `keys`: one batch, which leases every present block. The get that
+        follows it (TieredStore.read_prefix probes, then reads) comes at the same moment and reads only blocks the
+        check leased, so its own leases change nothing: a read here grants none."""
         self.mooncake.grant_batch(list(filter(self._index.__contains__, keys)))
-
-    def read_run(self, keys: Sequence[Key], start: int, end: int) -> tuple[int, int]:
-        """A get of the run: it leases what it reads, head first."""
-        blocks, nbytes = super().read_run(keys, start, end)
-        if blocks:
-            self.mooncake.grant(keys[start : start + blocks])
-        return blocks, nbytes
 
     def write(
         self,

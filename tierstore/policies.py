@@ -31,6 +31,10 @@ class EvictionPolicy:
     # The system stores a request's new blocks one at a time, each evicting what it needs (LMCache), rather than
     # making room for the whole batch first
     stores_one_at_a_time: ClassVar[bool] = False
+    # `refresh` (or, without one, a lookup in the index) raises KeyError on a block the tier lacks, so the tier may
+    # read a long run with a C loop that stops there (Tier.read_run); a refresh that does more (LMCache's pins)
+    # is called block by block, after each block was found
+    refresh_raises: ClassVar[bool] = True
 
     def __init__(self) -> None:
         self._blocks: OrderedDict[Key, int] = OrderedDict()
@@ -222,8 +226,9 @@ class MooncakePolicy(EvictionPolicy):
     def pop_victims(self, count: int) -> list[tuple[Key, int]]:
         victims = self._remove(list(islice(self._run_out, count)))
         for batch in self._leased.values():  # an overrun past every run-out lease: the earliest leased ones
-            for key in list(islice(batch, count - len(victims))):
-                victims.append((key, self.discard(key)))
+            if len(victims) == count:
+                break
+            victims += [(key, self.discard(key)) for key in list(islice(batch, count - len(victims)))]
         return victims
 
     def discard(self, key: Key) -> int:
@@ -277,6 +282,7 @@ class LmcachePolicy(EvictionPolicy):
 
     name = "lmcache"
     stores_one_at_a_time = True
+    refresh_raises = False
 
     def __init__(self) -> None:
         super().__init__()

@@ -68,11 +68,8 @@ class Tier:
         self.read_bandwidth = read_bandwidth
         self.counters = TierCounters(capacity_bytes=capacity)
         self._index = policy.index
-        # What a read does to each block it serves: the policy's refresh, else a plain lookup. Whether it raises
-        # KeyError on a block the tier lacks (a lookup, LRU's move_to_end: not Mooncake's leases or LMCache's pins)
-        # decides if a long run may be read by a C loop (read_run).
+        # What a read does to each block it serves: the policy's refresh, else a plain lookup
         self._read = policy.refresh or self._index.__getitem__
-        self._read_raises = policy.refresh is None or policy.refresh == self._index.move_to_end
         # the policy evicts in its index's order (lru, fifo, tail_first): eviction needs no call per block
         self._pops_oldest = type(policy).pop_victim is EvictionPolicy.pop_victim
         self._verifies = self.backend.holds_bytes
@@ -113,10 +110,10 @@ class Tier:
         len(keys)): count hits and bytes, refresh each block as the policy does, verify real bytes. Returns
         (blocks, bytes) read. Finding the run and refreshing it is one pass, one probe per block: every hit's path.
         A Python loop serves a run's first LONG_RUN blocks (most runs of real traces end there), a C loop the rest
-        of a longer one (_read_long_run) when the policy's read raises on an absent block.
+        of a longer one (_read_long_run) when the policy's read raises on an absent block (refresh_raises).
         """
         end = min(end, len(keys))
-        head_end = min(end, start + LONG_RUN) if self._read_raises else end
+        head_end = min(end, start + LONG_RUN) if self.policy.refresh_raises else end
         read, index, run = self._read, self._index, max(head_end - start, 0)
         for position in range(start, head_end):
             key = keys[position]
