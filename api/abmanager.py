@@ -44,6 +44,7 @@ class ArmState:
     prediction: dict
     store: str  # which store serves the arm: embedded, mooncake, or "embedded (mirror of <arm>)"
     engine: str  # which engine: vllm (a real server), or the emulator (of vLLM's prefix cache, for a vLLM mirror)
+    tiers: list[dict]  # the arm's layout, top first: name, capacity (bytes), policy, backend
     rows: list[dict] = field(default_factory=list)
     observed_collapse_round: int | None = None
 
@@ -78,6 +79,7 @@ class ABTest:
                     "run": arm.run,
                     "store": arm.store,
                     "engine": arm.engine,
+                    "tiers": arm.tiers,
                     "rounds_done": len(arm.rows),
                     "prediction": arm.prediction,
                     "observed_collapse_round": arm.observed_collapse_round,
@@ -130,7 +132,7 @@ class ABManager:
             self._tests[test.id] = test
         for name, arm in scenario.runnable_arms.items():
             test.arms[name] = ArmState(f"{test.id}/{name}", the_plan.arm_json(name), _store_of(name, arm, scenario),
-                                       _engine_of(name, scenario))  # fmt: skip
+                                       _engine_of(name, scenario), _layout(arm))  # fmt: skip
         test.thread = threading.Thread(target=self._run, args=(test, the_plan), name=test.id, daemon=True)
         test.thread.start()
         return test
@@ -260,14 +262,17 @@ class ABManager:
                 try:
                     verdict = verification.judge(criterion)
                 except CriteriaError as error:
-                    verdicts.append({"criterion": criterion.name, "passed": None, "error": str(error)})
+                    verdicts.append({"criterion": criterion.name, "description": criterion.description,
+                                     "passed": None, "error": str(error)})  # fmt: skip
                     continue
                 verdicts.append(
                     {
                         "verdict_id": verdict.verdict_id,
                         "criterion": verdict.criterion,
                         "passed": verdict.passed,
+                        "description": criterion.description,
                         "summary": verdict.summary,
+                        "threshold": verdict.document["threshold"],
                         "digest": verdict.digest,
                     }
                 )
@@ -294,6 +299,10 @@ def _store_of(name: str, arm: ArmSpec, scenario: Scenario) -> str:
     if not arm.tiers:
         return "none"
     return arm.store if name in scenario.arms else f"embedded (mirror of {name.removesuffix('_sim')})"
+
+
+def _layout(arm: ArmSpec) -> list[dict]:
+    return [tier.model_dump(mode="json", include={"name", "capacity", "policy", "backend"}) for tier in arm.tiers]
 
 
 def _engine_of(name: str, scenario: Scenario) -> str:
