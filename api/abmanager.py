@@ -64,7 +64,9 @@ class ABTest:
     stop: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
 
-    def as_json(self, rows: bool = True) -> dict:
+    def as_json(self, rows: bool = True, since_round: int = -1) -> dict:
+        """The test's state; with `rows`, each arm's rows of rounds after `since_round` (a poller asks only for the
+        rows it has not seen)."""
         return {
             "id": self.id,
             "scenario": self.scenario.name,
@@ -83,7 +85,7 @@ class ABTest:
                     "rounds_done": len(arm.rows),
                     "prediction": arm.prediction,
                     "observed_collapse_round": arm.observed_collapse_round,
-                    **({"rows": arm.rows} if rows else {}),
+                    **({"rows": [row for row in arm.rows if row["round"] > since_round]} if rows else {}),
                 }
                 for name, arm in self.arms.items()
             },

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Body, HTTPException, status
+from fastapi import APIRouter, Body, HTTPException, Query, status
 from pydantic import BaseModel, ConfigDict, Field
 
 from kvscope.api.abmanager import Busy
 from kvscope.api.deps import Authorized, ServicesDep, TokenFirst
-from kvscope.api.scenarios import EXAMPLE_SCENARIO, accept
+from kvscope.api.scenarios import EXAMPLE_SCENARIO, MAX_ROUNDS, accept
 from kvscope.tierstore.scenario import Scenario
 
 router = APIRouter(prefix="/api/v1/ab", tags=["ab"], route_class=TokenFirst)
@@ -46,12 +46,18 @@ def list_ab(services: ServicesDep) -> list[dict]:
 
 
 @router.get("/{ab_id}")
-def get_ab(ab_id: str, services: ServicesDep) -> dict:
+def get_ab(
+    ab_id: str,
+    services: ServicesDep,
+    since_round: Annotated[
+        int, Query(ge=-1, le=MAX_ROUNDS, description="only the rows of rounds after this one (-1: every row)")
+    ] = -1,
+) -> dict:
     """Progress, the per-round rows of every arm (the A/B contract's rows), and the verdicts once it ended."""
     test = services.ab.get(ab_id)
     if test is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no A/B test {ab_id!r}")
-    return test.as_json()
+    return test.as_json(since_round=since_round)
 
 
 @router.delete("/{ab_id}", dependencies=[Authorized])

@@ -62,7 +62,15 @@ def test_an_ab_over_http_collapses_at_the_predicted_round_and_its_evidence_check
     assert test["arms"]["dram_only"]["observed_collapse_round"] == collapse_round
     assert test["arms"]["tiered"]["observed_collapse_round"] is None
 
+    # each arm says its layout; a poller asks only for the rows it has not seen
+    assert [(t["name"], t["policy"]) for t in test["arms"]["tiered"]["tiers"]] == [("dram", "lru"), ("nof", "lru")]
+    later = client.get(f"/api/v1/ab/{ab_id}", params={"since_round": 7}).json()["arms"]["dram_only"]["rows"]
+    assert [row["round"] for row in later] == [row["round"] for row in test["arms"]["dram_only"]["rows"][7:]]
+    assert later[0]["round"] == 8
+
     verdicts = {v["criterion"]: v for v in test["verdicts"]}
+    assert verdicts["save_parity"]["description"].startswith("both arms saved the same bytes")
+    assert verdicts["save_parity"]["threshold"] == {"relative_tolerance": 0.001}
     assert verdicts["dram_only_no_collapse"]["passed"] is False
     assert verdicts["tiered_no_collapse"]["passed"] is True
     assert verdicts["nof_delta_zero"]["passed"] is True and verdicts["both_tiers_written"]["passed"] is True
