@@ -43,10 +43,18 @@ class RequestMetrics:
         try:
             await self.app(scope, receive, tracked)
         finally:
-            route = scope.get("route")
-            template = getattr(route, "path", "unmatched")
+            template = _template(scope)
             REQUESTS.labels(scope["method"], template, str(status)).inc()
             LATENCY.labels(scope["method"], template).observe(time.perf_counter() - started)
+
+
+def _template(scope: Scope) -> str:
+    """The matched route's path template; for a mounted app (the static files) the mount's, as `/ui/{path}`."""
+    route = scope.get("route")
+    if route is not None:
+        return getattr(route, "path", "unmatched")
+    mounted = scope.get("root_path", "").removeprefix(scope.get("app_root_path", scope.get("root_path", "")))
+    return f"{mounted}/{{path}}" if mounted else "unmatched"
 
 
 class ServiceCollector(Collector):
