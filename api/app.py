@@ -25,7 +25,7 @@ from kvscope.api.alerts import AlertBook
 from kvscope.api.clusterwatch import ClusterWatch
 from kvscope.api.deps import Services
 from kvscope.api.metrics import RequestMetrics, ServiceCollector
-from kvscope.api.routers import ab, alerts, dashboards, evidence, health, page, predict
+from kvscope.api.routers import ab, alerts, dashboards, docs, evidence, health, page, predict
 from kvscope.api.settings import Settings
 from kvscope.exporters.config import ExporterSettings, load_config
 from kvscope.exporters.otel import TelemetryBridge
@@ -90,8 +90,10 @@ def create_app(settings: Settings | None = None, on_started: Callable[[Services]
         version=__version__,
         description="Live A/B tests of KV-cache tier layouts, hit-rate-collapse alerts and audit evidence.",
         lifespan=lifespan,
+        docs_url=None,  # /docs and /redoc are the docs router's: their assets are the service's own, no CDN
+        redoc_url=None,
     )
-    for module in (health, predict, ab, alerts, dashboards, evidence, page):
+    for module in (health, predict, ab, alerts, dashboards, evidence, page, docs):
         app.include_router(module.router)
     app.add_exception_handler(RequestValidationError, _invalid_request)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
