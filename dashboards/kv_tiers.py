@@ -1,9 +1,9 @@
 """KV tiers: where prefix-cache hits come from, what each medium stores, how full it is, and the collapse signs.
 
-Read top to bottom it follows DESIGN.md's phenomenon: the hit ratio per engine and layer (against its ideal where
-the model knows it), the tokens each layer serves, the bytes put, written and read per tier, occupancy against
-capacity with the headroom left before a tier must evict, evictions, and write amplification, which jumps when
-evicted chain heads are recomputed and rewritten.
+Read top to bottom it follows the phenomenon of docs/design.md, 'The hit-rate collapse': the hit ratio per engine
+and layer (against its ideal where the model knows it), the tokens each layer serves, the bytes put, written and
+read per tier, occupancy against capacity with the headroom left before a tier must evict, evictions, and write
+amplification, which jumps when evicted chain heads are recomputed and rewritten.
 
 Engines and store systems are shown per `target` (the kvscope target that published them), as the recording rules
 keep them: two vLLM servers both call their first engine "0" and its offload "vllm_offload:0".

@@ -1,4 +1,4 @@
-"""The vendor-neutral KV-tier model (DESIGN.md): the instruments every source maps into.
+"""The vendor-neutral KV-tier model (docs/design.md, 'The KV-tier model'): the instruments every source maps into.
 
 OpenTelemetry instrument names; the Prometheus exporter turns dots into underscores, adds `_total` to counters
 and keeps the unit (`By` gives `_bytes`, annotations such as `{token}` add nothing).

@@ -1,8 +1,8 @@
 """The one sample type every source, the normalizer, the recorder and the exporters share.
 
 A raw sample keeps the source's own name and labels (what an auditor re-runs against); a normalized sample carries
-a KV-tier model instrument name (DESIGN.md: kv.store.put.bytes, kv.tier.written.bytes, rdma.port.tx.bytes, ...)
-and the model's labels.
+a KV-tier model instrument name (docs/design.md, 'The KV-tier model': kv.store.put.bytes, kv.tier.written.bytes,
+rdma.port.tx.bytes, ...) and the model's labels.
 """
 
 from __future__ import annotations

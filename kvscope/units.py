@@ -1,6 +1,6 @@
 """Byte sizes, bandwidths and durations as people write them ("88.1KB", "50GiB", "400Gb/s", "5m").
 
-Decimal units are powers of 1000 and binary units powers of 1024, as DESIGN.md fixes; a bandwidth in
+Decimal units are powers of 1000 and binary units powers of 1024, as docs/design.md ('Units') fixes; a bandwidth in
 bits (Gb/s, Gbps) is converted to bytes per second so every cost in kvscope is in bytes.
 """
 

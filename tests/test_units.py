@@ -1,4 +1,4 @@
-"""Sizes and bandwidths as scenarios write them: the unit rules DESIGN.md fixes."""
+"""Sizes and bandwidths as scenarios write them: the unit rules of docs/design.md, 'Units'."""
 
 import pytest
 

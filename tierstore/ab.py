@@ -1,10 +1,10 @@
 """A/B runner: every arm of a scenario served on its own store, reported per round.
 
-The output is DESIGN.md's simulation contract (validated by `ab_result.schema.json`). Each arm replays the
-same request stream on its store: kvscope's embedded one, or a real Mooncake (`store: mooncake`, see
-kvscope.tierstore.mooncake). Per-round tier figures are deltas of the store's own counters, the same counters the
-exporters publish (for Mooncake, its /metrics scraped through the `mooncake` source), so a simulated run and a
-recorded one are read the same way.
+The output is the A/B result contract (docs/design.md, 'The A/B result contract'; validated by
+`ab_result.schema.json`). Each arm replays the same request stream on its store: kvscope's embedded one, or a real
+Mooncake (`store: mooncake`, see kvscope.tierstore.mooncake). Per-round tier figures are deltas of the store's own
+counters, the same counters the exporters publish (for Mooncake, its /metrics scraped through the `mooncake`
+source), so a simulated run and a recorded one are read the same way.
 """
 
 from __future__ import annotations

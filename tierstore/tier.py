@@ -1,8 +1,8 @@
 """One storage tier: a byte capacity, an eviction policy, a backend, and the counters the KV-tier model exports.
 
-Counters follow DESIGN.md's model: logical puts (`puts`, `put_bytes`) are what a client asked this tier to save;
-`written_bytes` is everything that landed on the medium (puts, promotions, demotions); `hits` and `read_bytes`
-are blocks this tier served. A tier that never evicts shows `evictions == 0`.
+Counters follow the KV-tier model (docs/design.md, 'The KV-tier model'): logical puts (`puts`, `put_bytes`) are what
+a client asked this tier to save; `written_bytes` is everything that landed on the medium (puts, promotions,
+demotions); `hits` and `read_bytes` are blocks this tier served. A tier that never evicts shows `evictions == 0`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Request streams the engine emulator serves, grouped into rounds.
 
-- `MultiRoundWorkload`: the multi-round chat of DESIGN.md. A session's token stream only grows (the previous
-  prompt, then its output, then new user tokens), so block j of a session never changes once full and its
-  chained key can be computed once: an integer chain, or with `keys: vllm` vLLM's own keys over synthetic token
+- `MultiRoundWorkload`: the multi-round chat of docs/design.md, 'Workloads'. A session's token stream only grows
+  (the previous prompt, then its output, then new user tokens), so block j of a session never changes once full and
+  its chained key can be computed once: an integer chain, or with `keys: vllm` vLLM's own keys over synthetic token
   ids (`token_ids`), 32 bytes each.
 - `TraceWorkload`: Mooncake-format JSONL (`timestamp` ms, `input_length`, `output_length`, `hash_ids` of
   fixed-size prefix blocks); the trace's own hash_ids are the keys, rounds are windows of arrival time.
