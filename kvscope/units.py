@@ -72,9 +72,7 @@ def parse_bandwidth(value: str | int | float) -> float:
     if isinstance(value, bool):
         raise ValueError(f"invalid bandwidth {value!r}")
     if isinstance(value, int | float):
-        if value <= 0:
-            raise ValueError(f"invalid bandwidth {_shown(value)}: must be positive")
-        return _finite(float(value), "bandwidth", value)
+        return _slowest(_finite(float(value), "bandwidth", value), _shown(value))
     if not isinstance(value, str):
         raise ValueError(f"invalid bandwidth {value!r}: expected a rate like '400Gb/s' or a number of bytes/s")
     text = value.strip()
@@ -95,9 +93,14 @@ def parse_bandwidth(value: str | int | float) -> float:
     else:
         units = ", ".join([*_BIT_RATE_UNITS, *_SIZE_UNITS])
         raise ValueError(f"invalid bandwidth {value!r}: unit {unit!r} is not one of {units} (per second)")
-    if rate <= 0:
-        raise ValueError(f"invalid bandwidth {value!r}: must be positive")
-    return _finite(rate, "bandwidth", value)
+    return _slowest(_finite(rate, "bandwidth", value), repr(value))
+
+
+def _slowest(rate: float, shown: str) -> float:
+    """A bandwidth of at least 1 B/s: below it a transfer time overflows to infinity (5e-324 B/s)."""
+    if rate < 1:
+        raise ValueError(f"invalid bandwidth {shown}: must be at least 1 B/s")
+    return rate
 
 
 _DURATION_UNITS: dict[str, float] = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}

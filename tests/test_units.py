@@ -36,7 +36,7 @@ def test_bandwidth_in_bits_or_bytes(text, bytes_per_second):
     assert parse_bandwidth(text) == pytest.approx(bytes_per_second)
 
 
-@pytest.mark.parametrize("text", ["400Gb", "400Xb/s", "0GB/s"])
+@pytest.mark.parametrize("text", ["400Gb", "400Xb/s", "0GB/s", "0.5B/s", 5e-324, 0, -1])
 def test_bad_bandwidths_are_rejected(text):
     with pytest.raises(ValueError, match="invalid bandwidth"):
         parse_bandwidth(text)

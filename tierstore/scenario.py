@@ -350,7 +350,9 @@ class EngineSpec(_Strict):
     kind: Literal["emulator", "vllm"] = Field(
         "emulator", description="emulator: kvscope's model of an engine; vllm: a real vLLM server per arm"
     )
-    prefill_tokens_per_s: float = Field(10_000.0, gt=0, description="recompute throughput for the TTFT model")
+    prefill_tokens_per_s: float = Field(
+        10_000.0, ge=1, description="recompute throughput for the TTFT model (at least 1 token/s: a time stays finite)"
+    )
     gpu_cache: GpuCacheSpec | None = Field(None, description="a GPU-local prefix cache in front of the tiers")
     vllm: VllmSettings | None = Field(None, description="kind: vllm only")
 

@@ -144,6 +144,13 @@ def test_a_file_backed_ab_runs_over_the_api(client, tmp_path):
         ('"sessions": 2', '"sessions": ' + "9" * 4300, "sessions: an integer of 4300 digits is more than kvscope"),
         ('"capacity": "1MB"', '"capacity": ' + "9" * 4300, "capacity: an integer of 4300 digits"),
         ('"first_prompt_tokens": 64', '"first_prompt_tokens": 64, "seed": 1e999', "finite"),
+        # finite, but a time computed from it is not (a TTFT of inf cannot be recorded as JSON)
+        ('"capacity": "1MB"', '"capacity": "1MB", "read_bandwidth": 5e-324', "must be at least 1 B/s"),
+        (
+            '"bytes_per_token": 100',
+            '"bytes_per_token": 100}, "engine": {"prefill_tokens_per_s": 5e-324',
+            "greater than or equal to 1",
+        ),
     ],
 )
 def test_numbers_json_cannot_carry_are_a_422_naming_the_field_never_a_500(app_factory, tmp_path, field, value, says):
