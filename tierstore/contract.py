@@ -1,0 +1,172 @@
+"""The A/B result contract (`kvscope ab run --json`) as pydantic models: the one definition of its shape.
+
+`ab_result.schema.json` is generated from `ABResult` (`python -m kvscope.tierstore.contract > ...`, held to the
+file by a test), and the service's A/B responses reuse `Round` and `Prediction`, so the JSON file, the CLI's output
+and the OpenAPI document describe the same rows. Objects accept extra keys (a newer kvscope may add some); what is
+listed is what a consumer may rely on.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Count = Annotated[int, Field(ge=0)]
+Ratio = Annotated[float, Field(ge=0, le=1)]
+Seconds = Annotated[float, Field(ge=0)]
+RoundNumber = Annotated[int, Field(ge=1)]
+PerTier = Annotated[dict[str, Count], Field(min_length=1, description="by tier name")]
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class TtftSummary(_Open):
+    mean: Seconds
+    p50: Seconds
+    p99: Seconds
+
+
+class Round(_Open):
+    """One round of one arm."""
+
+    round: RoundNumber
+    requests: Count
+    query_tokens: Count
+    hit_tokens: Count
+    gpu_hit_tokens: Count | None = None
+    hit_ratio: Ratio
+    ideal_hit_ratio: Ratio
+    recompute_tokens_per_request: Seconds = Field(description="every prompt token recomputed, per request")
+    ideal_hit_tokens: Count | None = None
+    excess_recompute_tokens_per_request: float = Field(
+        description="tokens recomputed per request beyond what an infinite cache would have: (ideal hits - hits) / "
+        "requests"
+    )
+    put_bytes: Count
+    written_bytes: PerTier
+    read_bytes: PerTier | None = None
+    evictions: PerTier
+    allocated_bytes: PerTier | None = None
+    late_s: Seconds | None = Field(None, description="paced arms: the most a request started after its slot")
+    request_start_s: list[Seconds] | None = Field(
+        None, description="real vLLM arms: when each request was sent, seconds from the arm's first"
+    )
+    request_s: list[Seconds] | None = Field(
+        None, description="real vLLM arms: each request's wall time, sent to answered, in seconds"
+    )
+    request_first_token_s: list[Seconds | None] | None = Field(
+        None,
+        description="real vLLM arms: each request's engine queue time plus its time to first token (when its "
+        "prefill was saved), in seconds; null where the engine did not say",
+    )
+    hit_ratio_range: list[Ratio] | None = Field(
+        None,
+        min_length=2,
+        max_length=2,
+        description="mirrors of Mooncake arms: the lowest and highest hit ratio of the model on its seeds",
+    )
+    request_hit_tokens: list[Count] | None = Field(
+        None, description="vLLM arms and their mirrors: each request's hit tokens, in order"
+    )
+    ttft_s: TtftSummary | None = None
+
+
+class Totals(_Open):
+    """The arm's whole run."""
+
+    query_tokens: Count
+    hit_tokens: Count
+    hit_ratio: Ratio
+    excess_recompute_tokens_per_request: float
+    put_bytes: Count
+    requests: Count | None = None
+    ttft_s_mean: Seconds | None = None
+    written_bytes: PerTier
+    evictions: PerTier
+    tiers: dict[str, dict[str, Count]] | None = Field(None, description="each tier's counters at the end")
+
+
+class DepthPoint(BaseModel):
+    round: RoundNumber
+    hit_ratio: Ratio
+
+
+class Prediction(_Open):
+    """The planner's prediction for one arm, made before it runs."""
+
+    collapse_round: RoundNumber | None
+    collapse_depth: list[DepthPoint] = Field(
+        default_factory=list,
+        max_length=2,
+        description="the predicted hit ratio of the collapse round and of the round after (empty: no collapse)",
+    )
+    overflow_round: RoundNumber | None = None
+    capacity_bytes: Count | None = None
+    footprint_bytes_by_round: list[Count]
+    ideal_hit_ratio_by_round: list[Ratio] = Field(default_factory=list)
+    explanation: list[str] = Field(default_factory=list)
+
+
+class StoreReport(_Open):
+    kind: Literal["embedded", "mooncake", "none"] = Field(description="none: the engine alone (vLLM alone)")
+    codes: dict[str, Count] | None = Field(
+        None, description="return codes other than success, as '<operation> <code> <name>', with their counts"
+    )
+    put_retries: Count | None = None
+    not_admitted: Count | None = None
+    settings: dict | None = None
+    master_argv: list[str] | None = None
+    client_env: dict[str, str] | None = None
+    listening: dict[str, list[str]] | None = None
+    peak_rss_bytes: dict[str, Count | None] | None = None
+
+
+class WallTime(_Open):
+    """Wall time: the store's start-up, and serving the rounds."""
+
+    start: Seconds | None = None
+    rounds: Seconds | None = None
+
+
+class ArmResult(_Open):
+    rounds: list[Round] = Field(min_length=1)
+    totals: Totals
+    prediction: Prediction
+    observed_collapse_round: RoundNumber | None = None
+    store: StoreReport | None = None
+    wall_s: WallTime | None = None
+    mirror_of: str | None = Field(None, description="the real-store arm this embedded arm simulates")
+
+
+class ScenarioEcho(_Open):
+    """The scenario as run (see `kvscope ab run --help` for its keys)."""
+
+    name: str
+    workload: dict
+    kv: dict
+    arms: dict
+
+
+class ABResult(_Open):
+    """kvscope A/B result (`kvscope ab run --json`), the simulation contract."""
+
+    kvscope_version: str | None = None
+    scenario: ScenarioEcho
+    arms: dict[str, ArmResult] = Field(min_length=1)
+
+
+def json_schema() -> dict:
+    """The contract as a JSON Schema document (draft 2020-12), what `ab_result.schema.json` holds."""
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "https://kvscope.dev/schemas/ab_result.schema.json",
+        **ABResult.model_json_schema(mode="serialization"),
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(json_schema(), indent=2))
