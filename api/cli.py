@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from importlib import resources
 from pathlib import Path
 from typing import Annotated
 
@@ -25,12 +27,13 @@ def _settings(host: str | None, port: int | None, db: Path | None, **more):
     from pydantic import ValidationError
 
     from kvscope.api.settings import Settings
+    from kvscope.validation import describe
 
     given = {"host": host, "port": port, "db": db, **more}
     try:
         return Settings(**{key: value for key, value in given.items() if value is not None})
     except ValidationError as error:
-        raise fail(error) from None
+        raise fail("\n".join(describe(error, "kvscope service", "settings"))) from None
 
 
 def _serve(settings, on_started=None) -> None:
@@ -71,21 +74,42 @@ def serve(
 
 
 def demo(
-    scenario: Annotated[Path, typer.Option("--scenario", help="the A/B to run live")] = Path(
-        "examples/long_output.yaml"
-    ),
+    scenario: Annotated[
+        Path | None,
+        typer.Option(
+            "--scenario", help="the A/B to run live (default: examples/long_output.yaml, shipped with kvscope)"
+        ),
+    ] = None,
+    criteria: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--criteria", help="criteria files judged when the A/B ends (repeat; default: criteria/media.yaml, shipped)"
+        ),
+    ] = None,
     rounds_per_minute: Annotated[float, typer.Option("--rounds-per-minute", help="pace of the live A/B")] = 12.0,
     host: ServeHost = None,
     port: ServePort = None,
     db: Annotated[Path, typer.Option("--db", help="verifier database")] = Path("out/demo.duckdb"),
 ) -> None:
-    """The service with a live A/B already running (`make run`): watch the DRAM-only arm collapse on the page."""
-    spec = load_scenario(scenario)
-    criteria = [path for path in [Path("criteria/media.yaml")] if path.exists()]
-    settings = _settings(host, port, db, criteria=criteria, scrape_interval_s=2.0)
+    """The service with a live A/B already running (`make run`): watch the DRAM-only arm collapse on the page.
+    The example and the criteria ship with kvscope (package data): it runs from any directory."""
+    with contextlib.ExitStack() as shipped:
+        if scenario is None:
+            scenario = shipped.enter_context(_shipped("kvscope.examples", "long_output.yaml"))
+        if criteria is None:
+            criteria = [shipped.enter_context(_shipped("kvscope.criteria", "media.yaml"))]
+        spec = load_scenario(scenario)
+        settings = _settings(host, port, db, criteria=criteria, scrape_interval_s=2.0)
 
-    def start_ab(services) -> None:
-        test = services.ab.start(spec, rounds_per_minute)
-        console.print(f"started A/B {test.id}: {scenario} at {rounds_per_minute:g} rounds a minute", highlight=False)
+        def start_ab(services) -> None:
+            test = services.ab.start(spec, rounds_per_minute)
+            console.print(
+                f"started A/B {test.id}: {scenario} at {rounds_per_minute:g} rounds a minute", highlight=False
+            )
 
-    _serve(settings, start_ab)
+        _serve(settings, start_ab)
+
+
+def _shipped(package: str, name: str) -> contextlib.AbstractContextManager[Path]:
+    """A file of kvscope's package data as a path, for as long as the context lasts (importlib.resources)."""
+    return resources.as_file(resources.files(package) / name)

@@ -6,7 +6,7 @@ import secrets
 from importlib import resources
 from pathlib import Path
 
-from pydantic import Field, PrivateAttr, SecretStr, model_validator
+from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -39,6 +39,15 @@ class Settings(BaseSettings):
     grafana_url: str | None = None
     grafana_token: SecretStr | None = None
     _token_generated: bool = PrivateAttr(False)
+
+    @field_validator("criteria")
+    @classmethod
+    def _criteria_exist(cls, paths: list[Path]) -> list[Path]:
+        """A configured criteria file that is not there stops the start, naming it (it is never skipped)."""
+        for path in paths:
+            if not path.is_file():
+                raise ValueError(f"{path}: no such criteria file")
+        return paths
 
     @model_validator(mode="after")
     def _make_token(self) -> Settings:

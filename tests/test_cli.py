@@ -5,13 +5,16 @@ import subprocess
 import sys
 from importlib import resources
 from pathlib import Path
+from types import SimpleNamespace
 
 import jsonschema
 import pytest
 from support.criteria import MEDIA_CRITERIA
 from typer.testing import CliRunner
 
+from kvscope.api import cli as service_cli
 from kvscope.cli import app
+from kvscope.verifier.criteria import load_criteria
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 runner = CliRunner()
@@ -183,3 +186,46 @@ def test_python_dash_m_kvscope_runs_the_command_line():
     done = subprocess.run([sys.executable, "-m", "kvscope", "--help"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "Usage: kvscope" in done.stdout and " ab " in done.stdout, done.stdout
+
+
+@pytest.fixture
+def served(monkeypatch) -> dict:
+    """`kvscope demo` and `kvscope serve` set up without serving: what they hand to uvicorn's start, instead."""
+    handed: dict = {}
+
+    def serve(settings, on_started=None) -> None:
+        handed.update(settings=settings, on_started=on_started)
+
+    monkeypatch.setattr(service_cli, "_serve", serve)
+    return handed
+
+
+def test_demo_runs_from_any_directory_on_the_scenario_and_criteria_kvscope_ships(tmp_path, monkeypatch, served):
+    monkeypatch.chdir(tmp_path)  # no examples/ and no criteria/ here
+    result = runner.invoke(app, ["demo"])
+    assert result.exit_code == 0, result.output
+    criteria = served["settings"].criteria
+    assert [path.name for path in criteria] == ["media.yaml"] and criteria[0].is_absolute()
+    assert (
+        criteria[0].read_bytes() == (EXAMPLES.parent / "criteria" / "media.yaml").read_bytes()
+    )  # the repository's file
+    assert {criterion.name for criterion in load_criteria(criteria[0]).criteria} == MEDIA_CRITERIA
+    started = []
+
+    def start(spec, rounds_per_minute):
+        started.append((spec.name, rounds_per_minute))
+        return SimpleNamespace(id="ab-1")
+
+    served["on_started"](SimpleNamespace(ab=SimpleNamespace(start=start)))
+    assert started == [("long_output", 12.0)]
+
+
+@pytest.mark.parametrize(("command", "by"), [("demo", "option"), ("serve", "option"), ("serve", "environment")])
+def test_a_configured_criteria_file_that_is_missing_is_an_error_naming_it(tmp_path, monkeypatch, served, command, by):
+    missing = tmp_path / "nowhere" / "media.yaml"
+    if by == "environment":
+        monkeypatch.setenv("KVSCOPE_CRITERIA", json.dumps([str(missing)]))
+    result = runner.invoke(app, [command, *(["--criteria", str(missing)] if by == "option" else [])])
+    assert result.exit_code == 2, result.output
+    assert str(missing) in "".join(result.output.split()) and "nosuchcriteriafile" in "".join(result.output.split())
+    assert not served, "the service started without its criteria"
