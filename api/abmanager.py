@@ -9,13 +9,13 @@ attach to the test; a stopped test keeps everything recorded up to its last roun
 from __future__ import annotations
 
 import itertools
+import re
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
+from kvscope.api.abhistory import ABHistory, ABTest, ArmState, Deletion
 from kvscope.api.alerts import PREDICTED, AlertBook, ArmWatch, evaluate_round
 from kvscope.tierstore.ab import ArmRun, followed_arm, followers, make_arm, observed_collapse_round
 from kvscope.tierstore.live import ENGINES
@@ -26,71 +26,26 @@ from kvscope.verifier.db import Database
 from kvscope.verifier.evidence import Verification
 from kvscope.verifier.recorder import ABRecorder
 
-Status = Literal["running", "finished", "stopped", "failed"]
-
 
 class Busy(RuntimeError):
     """The service runs as many A/Bs of this kind as it allows; the message says how many."""
 
 
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.~-])(?:/[\w.@+-]+)+/?")
+_PYDANTIC_DETAIL = re.compile(r"\s*\[type=[^\]]*\]|\s*For further information visit \S+")
+
+
+def public_error(error: Exception) -> str:
+    """What an A/B's `error` says of its failure: the exception's kind and message, without the server's paths (a
+    path shows as its last part) or pydantic's internals (input values, documentation links). The whole trace is
+    in the service's log."""
+    message = _ABSOLUTE_PATH.sub(lambda path: ".../" + path.group(0).rstrip("/").rsplit("/", 1)[-1], str(error))
+    return f"{type(error).__name__}: {_PYDANTIC_DETAIL.sub('', message)}"
+
+
 def _uses_real_store(scenario: Scenario) -> bool:
     """Whether an arm is served by real processes (a Mooncake store, a vLLM engine)."""
     return any(scenario.served_apart(name) for name in scenario.arms)
-
-
-@dataclass
-class ArmState:
-    run: str
-    prediction: dict
-    store: str  # which store serves the arm: embedded, mooncake, or "embedded (mirror of <arm>)"
-    engine: str  # which engine: vllm (a real server), or the emulator (of vLLM's prefix cache, for a vLLM mirror)
-    tiers: list[dict]  # the arm's layout, top first: name, capacity (bytes), policy, backend
-    rows: list[dict] = field(default_factory=list)
-    observed_collapse_round: int | None = None
-
-
-@dataclass
-class ABTest:
-    id: str
-    scenario: Scenario
-    rounds_per_minute: float | None
-    rounds: int  # every arm's, from the plan
-    status: Status = "running"
-    started_at: float = field(default_factory=time.time)
-    ended_at: float | None = None
-    error: str | None = None
-    arms: dict[str, ArmState] = field(default_factory=dict)
-    verdicts: list[dict] = field(default_factory=list)
-    stop: threading.Event = field(default_factory=threading.Event)
-    thread: threading.Thread | None = None
-
-    def as_json(self, rows: bool = True, since_round: int = -1) -> dict:
-        """The test's state; with `rows`, each arm's rows of rounds after `since_round` (a poller asks only for the
-        rows it has not seen)."""
-        return {
-            "id": self.id,
-            "scenario": self.scenario.name,
-            "status": self.status,
-            "rounds_per_minute": self.rounds_per_minute,
-            "started_at": self.started_at,
-            "ended_at": self.ended_at,
-            "error": self.error,
-            "rounds": self.rounds,
-            "arms": {
-                name: {
-                    "run": arm.run,
-                    "store": arm.store,
-                    "engine": arm.engine,
-                    "tiers": arm.tiers,
-                    "rounds_done": len(arm.rows),
-                    "prediction": arm.prediction,
-                    "observed_collapse_round": arm.observed_collapse_round,
-                    **({"rows": [row for row in arm.rows if row["round"] > since_round]} if rows else {}),
-                }
-                for name, arm in self.arms.items()
-            },
-            "verdicts": self.verdicts,
-        }
 
 
 class ABManager:
@@ -109,13 +64,20 @@ class ABManager:
         self._withdrawals: list[threading.Timer] = []
         # bad files fail at start-up; a test binds their params again for its own store (see _criteria_for)
         self.criteria = {path: load_criteria(path) for path in criteria_files or []}
-        self._tests: dict[str, ABTest] = {}
+        self.history = ABHistory()
+        self._tests = {test.id: test for test in self.history.load(db)}
+        for test in self._tests.values():
+            if test.status == "running":  # the service that ran it stopped without ending it
+                self.history.interrupt(db, test)
+        self.history.finish_deletions(db)
         self._lock = threading.Lock()
         self._ids = itertools.count(self._first_free_id())
 
     def _first_free_id(self) -> int:
-        """A/B ids continue after the runs already in the database, so a restarted service never reuses one."""
-        taken = [run.name.split("/", 1)[0] for run in self.db.runs() if run.origin == "ab" and "/" in run.name]
+        """A/B ids continue after every test and run already in the database (deleted tests included), so a
+        restarted service never reuses one."""
+        runs = [run.name.split("/", 1)[0] for run in self.db.runs() if run.origin == "ab" and "/" in run.name]
+        taken = runs + self.history.taken_ids(self.db)
         numbers = [int(name[3:]) for name in taken if name.startswith("ab-") and name[3:].isdigit()]
         return max(numbers, default=0) + 1
 
@@ -135,6 +97,8 @@ class ABManager:
         for name, arm in scenario.runnable_arms.items():
             test.arms[name] = ArmState(f"{test.id}/{name}", the_plan.arm_json(name), _store_of(name, arm, scenario),
                                        _engine_of(name, scenario), _layout(arm))  # fmt: skip
+        with self.db.cursor() as db:
+            self.history.insert(db, test)
         test.thread = threading.Thread(target=self._run, args=(test, the_plan), name=test.id, daemon=True)
         test.thread.start()
         return test
@@ -145,6 +109,31 @@ class ABManager:
     def list(self) -> list[ABTest]:
         with self._lock:
             return list(self._tests.values())
+
+    def rows(self, db: Database, test: ABTest, since_round: int = -1) -> dict[str, list[dict]]:
+        """Each arm's rows of rounds after `since_round`: a running test's from memory, an ended one's from the
+        database (an ended test keeps none in memory)."""
+        if test.status == "running":
+            return {name: [row for row in arm.rows if row["round"] > since_round] for name, arm in test.arms.items()}
+        stored = self.history.rows(db, test.id, since_round)
+        return {name: stored.get(name, []) for name in test.arms}
+
+    def deleted(self, db: Database, test_id: str) -> float | None:
+        """When test `test_id` was deleted, if it was."""
+        return self.history.deleted(db, test_id)
+
+    def delete(self, db: Database, test_id: str) -> Deletion | None:
+        """Delete an ended test: its record, its rows, its alerts, its engines on /metrics, and its runs that no
+        verdict was judged on (a verdict's evidence stays re-checkable). None if there is no ended test `test_id`."""
+        with self._lock:
+            test = self._tests.get(test_id)
+            if test is None or test.status == "running":
+                return None
+            del self._tests[test_id]
+        self.alerts.end(ab=test_id)
+        for arm in test.arms:
+            ENGINES.withdraw(f"{test_id}/{arm}")
+        return self.history.delete(db, test)
 
     def stop(self, test_id: str, timeout_s: float = 30.0) -> ABTest | None:
         """Ask the test to stop after the round in progress, and wait for it to close its runs."""
@@ -186,9 +175,9 @@ class ABManager:
                     arms[name] = make_arm(test.scenario, name, the_plan, workdir, published_as=f"{test.id}/{name}")
                     recorder.arm_started(arms[name])
             self._predicted(test, the_plan, firing=True)
-            self._serve(test, the_plan, arms, recorder)
-        except Exception as error:  # a failed test reports why; the service keeps running
-            test.status, test.error = "failed", f"{type(error).__name__}: {error}"
+            self._serve(db, test, the_plan, arms, recorder)
+        except Exception as error:  # a failed test reports why; the service keeps running (and logs the trace)
+            test.status, test.error = "failed", public_error(error)
             traceback.print_exc()
         finally:
             if recorder:
@@ -203,9 +192,12 @@ class ABManager:
             test.verdicts = self._judge(db, test)  # before the status says finished: a poller sees both at once
         if test.status == "running":
             test.status = "stopped" if test.stop.is_set() else "finished"
+        self.history.update(db, test)
+        for arm in test.arms.values():  # the database has the rows now
+            arm.rows = []
         db.con.close()
 
-    def _serve(self, test: ABTest, the_plan: Plan, arms: dict[str, ArmRun], recorder: ABRecorder) -> None:
+    def _serve(self, db: Database, test: ABTest, the_plan: Plan, arms: dict[str, ArmRun], recorder: ABRecorder) -> None:
         """Step the arms round by round; a mirror that follows a real arm (kvscope.tierstore.ab.followed_arm)
         joins, into `arms`, once that arm is done."""
         pause = 60.0 / test.rounds_per_minute if test.rounds_per_minute else 0.0
@@ -230,7 +222,9 @@ class ABManager:
                 recorder.round_done(arm, row)
                 state = test.arms[name]
                 state.rows.append(row)
+                state.rounds_done = len(state.rows)
                 state.observed_collapse_round = observed_collapse_round(state.rows, tolerance)
+                self.history.add_row(db, test, name, row)
                 top = arm.spec.tiers[0]
                 labels = {"ab": test.id, "arm": name, "scenario": test.scenario.name, "tier": top.name}
                 evaluate_round(self.alerts, labels, watches[name], row, top.name, top.capacity, 1 - tolerance)

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 import httpx
 from prometheus_client import Counter
 
-from kvscope.api.alerts import RULES, Alert, AlertBook
+from kvscope.api.alerts import RESOLVED_KEPT_S, RULES, Alert, AlertBook
 
 log = logging.getLogger(__name__)
 POSTS = Counter("kvscope_alertmanager_posts", "posts of alerts to Alertmanager", ["outcome"])
@@ -47,7 +47,7 @@ class AlertmanagerForwarder:
         book: AlertBook,
         resend_s: float = 30.0,
         generator_url: str = "",
-        keep_resolved_s: float = 900.0,
+        keep_resolved_s: float = RESOLVED_KEPT_S,
     ) -> None:
         self.endpoint = url.rstrip("/") + "/api/v2/alerts"
         self.book, self.resend_s, self.generator_url = book, resend_s, generator_url

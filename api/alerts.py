@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 State = Literal["pending", "firing", "resolved"]
+RESOLVED_KEPT_S = 900.0  # a resolved alert stays listed (and re-sent to Alertmanager) this long, then is dropped
 COLLAPSE = "KVCacheHitRateCollapse"
 PREDICTED = "KVCacheCollapsePredicted"
 
@@ -66,13 +67,18 @@ class Alert:
 class AlertBook:
     """Every alert the service raised, by key; thread-safe; subscribers hear each transition."""
 
-    def __init__(self) -> None:
+    def __init__(self, resolved_kept_s: float = RESOLVED_KEPT_S) -> None:
         self._alerts: dict[tuple, Alert] = {}
         self._lock = threading.Lock()
+        self.resolved_kept_s = resolved_kept_s  # a long-running service does not keep every alert it ever raised
         self.subscribers: list[Callable[[Alert], None]] = []
 
     def list(self, state: str | None = None) -> list[Alert]:
+        """The alerts, with those resolved more than `resolved_kept_s` ago dropped."""
+        oldest = time.time() - self.resolved_kept_s
         with self._lock:
+            for key in [k for k, a in self._alerts.items() if a.state == "resolved" and a.resolved_at < oldest]:
+                del self._alerts[key]
             alerts = list(self._alerts.values())
         return [a for a in alerts if state is None or a.state == state]
 

@@ -5,7 +5,8 @@ transaction each, and a file newer than this kvscope is refused rather than misr
 has shipped: add the next one.
 
 Tables:
-- runs: one recorded run (an arm of an A/B, a cluster window); `origin` says how it got here.
+- runs: one recorded run (an arm of an A/B, a cluster window); `origin` says how it got here; `interrupted_at` when a
+  restarted service found it cut off (its last commit; `ended_at` stays NULL).
 - targets: what was scraped in a run, with the target's configuration.
 - series: one (target, source, name, labels, raw or normalized) time series of a run; labels as canonical JSON.
 - samples: (series_id, ts, value); ts is unix seconds. Written only in whole batches (see `batches`).
@@ -17,6 +18,8 @@ Tables:
   Prometheus reads chunk indexes, and its digest chains the chunks' hashes. Samples stay the source of truth: an
   evidence bundle carries them, and checking it recomputes every chunk hash and summary from them.
 - verdicts: one evaluated criterion: pass/fail, observed values, threshold, the SQL, and the evidence digest.
+- ab_tests, ab_rows: the service's A/B tests (spec, status, arms, verdicts; a deleted one leaves a tombstone) and
+  their per-round rows, each written in its round's commit.
 - verifications: one judging of a criteria file on bound runs (a `kvscope verify`, an A/B the service ended): its
   manifest (the file and its hash, the runs, every verdict it recorded, every criterion it could not judge) and
   the manifest's digest; each verdict names its verification, so a bundle that leaves a verdict out says so.
@@ -137,6 +140,31 @@ MIGRATIONS: tuple[str, ...] = (
         created_at       DOUBLE NOT NULL
     );
     ALTER TABLE verdicts ADD COLUMN verification_id INTEGER;
+    """,
+    # 3: the service's A/B tests, so a restart lists them; runs a restart found cut off
+    """
+    CREATE TABLE ab_tests (
+        ab_id              VARCHAR PRIMARY KEY,
+        spec               JSON NOT NULL,     -- the scenario as accepted
+        scenario           VARCHAR NOT NULL,
+        rounds_per_minute  DOUBLE,
+        rounds             INTEGER NOT NULL,
+        status             VARCHAR NOT NULL,  -- running | finished | stopped | failed | interrupted
+        started_at         DOUBLE NOT NULL,
+        ended_at           DOUBLE,
+        error              VARCHAR,
+        arms               JSON NOT NULL,     -- per arm: run, store, engine, tiers, prediction, progress
+        verdicts           JSON,
+        deleted_at         DOUBLE             -- a tombstone: the id stays taken
+    );
+    CREATE TABLE ab_rows (
+        ab_id  VARCHAR NOT NULL,
+        arm    VARCHAR NOT NULL,
+        round  INTEGER NOT NULL,
+        row    JSON NOT NULL,                 -- the A/B contract's per-round row
+        PRIMARY KEY (ab_id, arm, round)
+    );
+    ALTER TABLE runs ADD COLUMN interrupted_at DOUBLE;  -- a restart found it unfinished: its last commit
     """,
 )
 

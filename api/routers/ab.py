@@ -4,15 +4,28 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Body, HTTPException, Query, status
+from fastapi import APIRouter, Body, HTTPException, Path, Query, Response, status
 from pydantic import BaseModel, ConfigDict, Field
 
+from kvscope.api.abhistory import ABTest, ArmState
 from kvscope.api.abmanager import Busy
-from kvscope.api.deps import Authorized, ServicesDep, TokenFirst
+from kvscope.api.deps import Authorized, DatabaseDep, ServicesDep, TokenFirst
+from kvscope.api.responses import (
+    ABDeletion,
+    ABDetail,
+    ABSummary,
+    ABVerdict,
+    ArmDetail,
+    ArmSummary,
+    errors,
+)
 from kvscope.api.scenarios import EXAMPLE_SCENARIO, MAX_ROUNDS, accept
 from kvscope.tierstore.scenario import Scenario
+from kvscope.verifier.db import Database
 
 router = APIRouter(prefix="/api/v1/ab", tags=["ab"], route_class=TokenFirst)
+MAX_LISTED = 1000
+ABId = Annotated[str, Path(max_length=64, openapi_examples={"first": {"value": "ab-1"}})]
 
 
 class ABRequest(BaseModel):
@@ -27,43 +40,103 @@ class ABRequest(BaseModel):
     )
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, dependencies=[Authorized])
+def _arm(state: ArmState) -> dict:
+    return {
+        "run": state.run,
+        "store": state.store,
+        "engine": state.engine,
+        "tiers": state.tiers,
+        "rounds_done": state.rounds_done,
+        "prediction": state.prediction,
+        "observed_collapse_round": state.observed_collapse_round,
+    }
+
+
+def _summary(test: ABTest) -> ABSummary:
+    return ABSummary(
+        id=test.id,
+        scenario=test.scenario.name,
+        status=test.status,
+        rounds_per_minute=test.rounds_per_minute,
+        started_at=test.started_at,
+        ended_at=test.ended_at,
+        error=test.error,
+        rounds=test.rounds,
+        arms={name: ArmSummary(**_arm(state)) for name, state in test.arms.items()},
+        verdicts=[ABVerdict(**verdict) for verdict in test.verdicts],
+    )
+
+
+def _test_or_error(services: ServicesDep, db: Database, ab_id: str) -> ABTest:
+    """The test, or 404 (never was) or 410 (deleted)."""
+    test = services.ab.get(ab_id)
+    if test is not None:
+        return test
+    deleted = services.ab.deleted(db, ab_id)
+    if deleted is not None:
+        raise HTTPException(status.HTTP_410_GONE, f"A/B test {ab_id!r} was deleted (at {deleted:.0f}, unix seconds)")
+    raise HTTPException(status.HTTP_404_NOT_FOUND, f"no A/B test {ab_id!r}")
+
+
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    dependencies=[Authorized],
+    responses=errors(401, 409, 413, 422, created="the test, started; `Location` is its URL"),
+)
 def start_ab(
     body: Annotated[ABRequest, Body(openapi_examples={"small": {"value": {"scenario": EXAMPLE_SCENARIO}}})],
     services: ServicesDep,
-) -> dict:
+    response: Response,
+) -> ABSummary:
     """Start every arm of the scenario in the background; recorded into the database, exported live."""
     try:
         test = services.ab.start(accept(body.scenario), body.rounds_per_minute)
     except Busy as busy:
         raise HTTPException(status.HTTP_409_CONFLICT, str(busy)) from None
-    return test.as_json(rows=False)
+    response.headers["Location"] = f"{router.prefix}/{test.id}"
+    return _summary(test)
 
 
-@router.get("")
-def list_ab(services: ServicesDep) -> list[dict]:
-    return [test.as_json(rows=False) for test in services.ab.list()]
-
-
-@router.get("/{ab_id}")
-def get_ab(
-    ab_id: str,
+@router.get("", responses=errors(422))
+def list_ab(
     services: ServicesDep,
+    limit: Annotated[int, Query(ge=1, le=MAX_LISTED, description="the newest this many")] = 100,
+    offset: Annotated[int, Query(ge=0, le=2**31, description="skip the newest this many")] = 0,
+) -> list[ABSummary]:
+    """The tests, newest first, without their rows; those of earlier runs of the service too."""
+    newest = sorted(services.ab.list(), key=lambda test: (test.started_at, test.id), reverse=True)
+    return [_summary(test) for test in newest[offset : offset + limit]]
+
+
+@router.get("/{ab_id}", responses=errors(404, 410, 422))
+def get_ab(
+    ab_id: ABId,
+    services: ServicesDep,
+    db: DatabaseDep,
     since_round: Annotated[
         int, Query(ge=-1, le=MAX_ROUNDS, description="only the rows of rounds after this one (-1: every row)")
     ] = -1,
-) -> dict:
+) -> ABDetail:
     """Progress, the per-round rows of every arm (the A/B contract's rows), and the verdicts once it ended."""
-    test = services.ab.get(ab_id)
-    if test is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no A/B test {ab_id!r}")
-    return test.as_json(since_round=since_round)
+    test = _test_or_error(services, db, ab_id)
+    rows = services.ab.rows(db, test, since_round)
+    summary = _summary(test)
+    return ABDetail(
+        **summary.model_dump(exclude={"arms"}),
+        spec=test.scenario.model_dump(mode="json"),
+        arms={name: ArmDetail(**_arm(state), rows=rows[name]) for name, state in test.arms.items()},
+    )
 
 
-@router.delete("/{ab_id}", dependencies=[Authorized])
-def stop_ab(ab_id: str, services: ServicesDep) -> dict:
-    """Stop after the round in progress; everything recorded so far stays."""
-    test = services.ab.stop(ab_id)
-    if test is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no A/B test {ab_id!r}")
-    return test.as_json(rows=False)
+@router.delete("/{ab_id}", dependencies=[Authorized], responses=errors(401, 404, 410, 422))
+def stop_or_delete_ab(ab_id: ABId, services: ServicesDep, db: DatabaseDep) -> ABSummary | ABDeletion:
+    """A running test stops after the round in progress (everything recorded so far stays) and is answered as it
+    is then; an ended test is deleted: its record, rows and alerts, and its runs that no verdict was judged on."""
+    test = _test_or_error(services, db, ab_id)
+    if test.status == "running":
+        return _summary(services.ab.stop(ab_id) or test)
+    deletion = services.ab.delete(db, ab_id)
+    if deletion is None:  # it was running a moment ago, or another request deleted it meanwhile
+        raise HTTPException(status.HTTP_409_CONFLICT, f"A/B test {ab_id!r} changed meanwhile; ask again")
+    return ABDeletion(id=deletion.ab_id, deleted_runs=deletion.deleted_runs, kept_runs=deletion.kept_runs)

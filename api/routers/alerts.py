@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 from fastapi import APIRouter
 
+from kvscope.api.alerts import RULES, State
 from kvscope.api.deps import ServicesDep
+from kvscope.api.responses import AlertOut, errors
 
 router = APIRouter(prefix="/api/v1", tags=["alerts"])
 
 
-@router.get("/alerts")
-def list_alerts(services: ServicesDep, state: Literal["pending", "firing", "resolved"] | None = None) -> list[dict]:
-    """Every alert raised since the service started, newest first; `state` filters."""
+@router.get("/alerts", responses=errors(422))
+def list_alerts(services: ServicesDep, state: State | None = None) -> list[AlertOut]:
+    """The alerts raised since the service started (resolved ones for a while after), newest first, each with its
+    rule's severity and runbook; `state` filters."""
     alerts = sorted(services.alerts.list(state), key=lambda alert: alert.active_at, reverse=True)
-    return [alert.as_json() for alert in alerts]
+    return [
+        AlertOut(**alert.as_json(), severity=RULES[alert.name].severity, runbook_url=RULES[alert.name].runbook_url)
+        for alert in alerts
+    ]

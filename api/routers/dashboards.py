@@ -9,6 +9,7 @@ from fastapi import APIRouter, HTTPException, status
 from pydantic import BaseModel, ConfigDict, Field
 
 from kvscope.api.deps import Authorized, SettingsDep, TokenFirst
+from kvscope.api.responses import DashboardEntry, Provisioned, ProvisionedDashboard, errors
 
 router = APIRouter(prefix="/api/v1/dashboards", tags=["dashboards"], route_class=TokenFirst)
 
@@ -23,15 +24,16 @@ def _dashboards(folder: Path) -> dict[str, dict]:
 
 
 @router.get("")
-def list_dashboards(settings: SettingsDep) -> list[dict]:
+def list_dashboards(settings: SettingsDep) -> list[DashboardEntry]:
     return [
-        {"uid": uid, "title": d.get("title", uid), "tags": d.get("tags", [])}
+        DashboardEntry(uid=uid, title=d.get("title", uid), tags=d.get("tags", []))
         for uid, d in _dashboards(settings.dashboards_dir).items()
     ]
 
 
-@router.get("/{uid}")
+@router.get("/{uid}", responses=errors(404))
 def get_dashboard(uid: str, settings: SettingsDep) -> dict:
+    """The dashboard's JSON model, as Grafana imports it."""
     dashboard = _dashboards(settings.dashboards_dir).get(uid)
     if dashboard is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no dashboard with uid {uid!r}")
@@ -45,8 +47,8 @@ class ProvisionRequest(BaseModel):
     overwrite: bool = True
 
 
-@router.post("/provision", dependencies=[Authorized])
-def provision(body: ProvisionRequest, settings: SettingsDep) -> dict:
+@router.post("/provision", dependencies=[Authorized], responses=errors(401, 409, 413, 422, 502))
+def provision(body: ProvisionRequest, settings: SettingsDep) -> Provisioned:
     """Push every dashboard to the configured Grafana (settings: KVSCOPE_GRAFANA_URL, KVSCOPE_GRAFANA_TOKEN)."""
     from grafana_client import GrafanaApi
     from grafana_client.client import GrafanaException
@@ -68,5 +70,5 @@ def provision(body: ProvisionRequest, settings: SettingsDep) -> dict:
                 status.HTTP_502_BAD_GATEWAY,
                 f"Grafana at {settings.grafana_url} could not be reached: {type(error).__name__}",
             ) from None
-        pushed.append({"uid": uid, "url": answer.get("url"), "version": answer.get("version")})
-    return {"grafana": settings.grafana_url, "dashboards": pushed}
+        pushed.append(ProvisionedDashboard(uid=uid, url=answer.get("url"), version=answer.get("version")))
+    return Provisioned(grafana=settings.grafana_url, dashboards=pushed)

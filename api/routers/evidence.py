@@ -24,6 +24,7 @@ from pydantic import StringConstraints
 from starlette.background import BackgroundTask
 
 from kvscope.api.deps import DatabaseDep
+from kvscope.api.responses import RunDetail, RunOut, SamplesPage, VerdictDetail, VerdictsPage, errors
 from kvscope.verifier.db import Database, canonical_json, run_sql
 from kvscope.verifier.evidence import export_bundle
 
@@ -87,7 +88,7 @@ def _invalid(field: str, message: str, value: object) -> RequestValidationError:
 # Sample counts and time range from `batches`: samples are written only in whole batches, each counted there,
 # so a listing never scans the samples table.
 _RUNS = """
-    SELECT r.run_id, r.name, r.arm, r.scenario, r.origin, r.started_at, r.ended_at,
+    SELECT r.run_id, r.name, r.arm, r.scenario, r.origin, r.started_at, r.ended_at, r.interrupted_at,
            (SELECT count(*) FROM series s WHERE s.run_id = r.run_id) AS series,
            coalesce(b.samples, 0) AS samples, b.first_ts, b.last_ts
     FROM runs r
@@ -96,14 +97,14 @@ _RUNS = """
 """
 
 
-@router.get("/runs")
+@router.get("/runs", responses=errors(422))
 def list_runs(
     db: DatabaseDep,
     origin: str | None = None,
     arm: str | None = None,
     scenario: str | None = None,
     name_prefix: str | None = None,
-) -> list[dict]:
+) -> list[RunOut]:
     """Recorded runs, newest first, with their series and sample counts; every filter given must hold."""
     where = (
         _Where()
@@ -113,7 +114,7 @@ def list_runs(
         .add_if("starts_with(r.name, ?)", name_prefix)
     )
     sql = f"{_RUNS}{where.sql} ORDER BY r.started_at DESC, r.run_id DESC"
-    return _rows(db, sql, where.params)
+    return [RunOut(**row) for row in _rows(db, sql, where.params)]
 
 
 def _run_or_404(db: Database, run_id: int) -> dict:
@@ -123,8 +124,8 @@ def _run_or_404(db: Database, run_id: int) -> dict:
     return rows[0]
 
 
-@router.get("/runs/{run_id}")
-def get_run(run_id: RunId, db: DatabaseDep) -> dict:
+@router.get("/runs/{run_id}", responses=errors(404, 422))
+def get_run(run_id: RunId, db: DatabaseDep) -> RunDetail:
     """One run with its configuration, what it scraped, and which series it holds: the names `/samples` takes."""
     run = _run_or_404(db, run_id)
     run["config"] = json.loads(run_sql(db.con, "SELECT config FROM runs WHERE run_id = ?", [run_id])[0][0])
@@ -137,7 +138,7 @@ def get_run(run_id: RunId, db: DatabaseDep) -> dict:
         "GROUP BY name, normalized, kind ORDER BY name, normalized, kind",
         [run_id],
     )
-    return run
+    return RunDetail(**run)
 
 
 # ---------------------------------------------------------------------------------------------- samples
@@ -173,8 +174,11 @@ def _page_sql(series: _Where, start: float | None, end: float | None, step: floa
 
 @router.get(
     "/runs/{run_id}/samples",
-    response_model=None,
-    responses={200: {"content": {"text/csv": {}, "application/vnd.apache.parquet": {}}}},
+    response_model=SamplesPage,
+    responses={
+        200: {"content": {"text/csv": {}, "application/vnd.apache.parquet": {}}, "description": "one page of samples"},
+        **errors(404, 422),
+    },
 )
 def get_samples(
     run_id: RunId,
@@ -295,7 +299,7 @@ def _parquet(db: Database, page: dict[str, np.ndarray], stem: str, headers: dict
 _VERDICT_COLUMNS = "verdict_id, criterion, kind, runs, passed, digest, created_at"
 
 
-@router.get("/verdicts")
+@router.get("/verdicts", responses=errors(422))
 def list_verdicts(
     db: DatabaseDep,
     criterion: str | None = None,
@@ -305,7 +309,7 @@ def list_verdicts(
     since: Annotated[float | None, Query(allow_inf_nan=False, description="created at or after, unix seconds")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Offset = 0,
-) -> dict:
+) -> VerdictsPage:
     """Verdicts newest first, with their one-line summary; the evidence itself is on `/verdicts/{id}`."""
     where = (
         _Where()
@@ -320,7 +324,7 @@ def list_verdicts(
         "ORDER BY created_at DESC, verdict_id DESC LIMIT ? OFFSET ?"
     )
     verdicts = _rows(db, sql, [*where.params, limit + 1, offset], json_columns=("runs",))
-    return {"verdicts": verdicts[:limit], "next_offset": _next_offset(len(verdicts), offset, limit)}
+    return VerdictsPage(verdicts=verdicts[:limit], next_offset=_next_offset(len(verdicts), offset, limit))
 
 
 def _verdict_or_404(db: Database, verdict_id: int) -> dict:
@@ -331,13 +335,17 @@ def _verdict_or_404(db: Database, verdict_id: int) -> dict:
     return rows[0]
 
 
-@router.get("/verdicts/{verdict_id}")
-def get_verdict(verdict_id: VerdictId, db: DatabaseDep) -> dict:
+@router.get("/verdicts/{verdict_id}", responses=errors(404, 422))
+def get_verdict(verdict_id: VerdictId, db: DatabaseDep) -> VerdictDetail:
     """The verdict with its whole evidence document and the digest over it and the samples it read."""
-    return _verdict_or_404(db, verdict_id)
+    return VerdictDetail(**_verdict_or_404(db, verdict_id))
 
 
-@router.get("/verdicts/{verdict_id}/bundle", response_class=FileResponse)
+@router.get(
+    "/verdicts/{verdict_id}/bundle",
+    response_class=FileResponse,
+    responses={200: {"content": {"application/zip": {}}, "description": "the bundle, zipped"}, **errors(404, 422)},
+)
 def get_bundle(verdict_id: VerdictId, db: DatabaseDep) -> FileResponse:
     """The verdict's evidence bundle (evidence.json, samples.parquet, chunks.parquet, rerun.sql, README.md), zipped;
     unzipped, `kvscope evidence check` recomputes it, and DuckDB alone re-runs it (rerun.sql)."""

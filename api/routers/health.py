@@ -7,19 +7,15 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from kvscope import __version__
 from kvscope.api.deps import ServicesDep
+from kvscope.api.responses import Health
 
 router = APIRouter(tags=["health"])
 
 
 @router.get("/healthz")
-def healthz(services: ServicesDep) -> dict:
+def healthz(services: ServicesDep) -> Health:
     running = sum(1 for test in services.ab.list() if test.status == "running")
-    return {
-        "status": "ok",
-        "version": __version__,
-        "ab_running": running,
-        "alerts_active": len(services.alerts.active()),
-    }
+    return Health(status="ok", version=__version__, ab_running=running, alerts_active=len(services.alerts.active()))
 
 
 @router.get("/metrics", include_in_schema=False)

@@ -100,6 +100,7 @@ def test_the_fuzz_run_reached_the_handlers():
     past_auth = {"POST /api/v1/ab": 201, "DELETE /api/v1/ab/{ab_id}": 404, "POST /api/v1/dashboards/provision": 409}
     found = {
         "GET /healthz": 200,
+        "GET /api/v1/ab": 200,
         "GET /api/v1/alerts": 200,
         "POST /api/v1/predict": 200,
         "GET /api/v1/runs/{run_id}": 200,
@@ -109,6 +110,29 @@ def test_the_fuzz_run_reached_the_handlers():
     }
     for operation, status in {**past_auth, **found}.items():
         assert ANSWERED[operation][status] > 0, f"{operation} never answered {status}: {answered}"
+    seeded = ANSWERED["GET /api/v1/ab/{ab_id}"]
+    assert seeded[200] + seeded[410] > 0, f"the seeded A/B was never read (or read deleted): {answered}"
+
+
+def test_every_operation_declares_what_it_answers():
+    """The OpenAPI document is the API: each operation's success has a schema (so response conformance checks
+    something), a mutation documents its 401, and an operation with parameters or a body its 422."""
+    passthrough = {"GET /api/v1/dashboards/{uid}"}  # a Grafana dashboard model, whatever Grafana's schema holds
+    for path, operations in schema.raw_schema["paths"].items():
+        for method, operation in operations.items():
+            label = f"{method.upper()} {path}"
+            success = next(code for code in operation["responses"] if code.startswith("2"))
+            content = operation["responses"][success].get("content", {})
+            if "application/json" in content and label not in passthrough:
+                declared = content["application/json"]["schema"]
+                models = declared.get("anyOf") or [declared.get("items", declared)]
+                assert all("$ref" in model for model in models), f"{label} answers an untyped {declared}"
+            if operation.get("security"):
+                assert "401" in operation["responses"], label
+            if operation.get("parameters") or operation.get("requestBody"):
+                assert "422" in operation["responses"], label
+    created = schema.raw_schema["paths"]["/api/v1/ab"]["post"]["responses"]["201"]
+    assert "Location" in created["headers"]
 
 
 def test_no_ab_the_fuzz_run_started_failed(client):
