@@ -213,3 +213,23 @@ def test_without_the_token_any_body_is_a_401_before_it_is_read(client, body):
         assert answer.status_code == 401, (path, answer.text)
     with_token = {"Content-Type": "application/json", "Authorization": "Bearer test-token"}
     assert client.post("/api/v1/ab", content=b"{not json", headers=with_token).status_code == 422
+
+
+def test_an_ab_error_names_the_failure_without_server_paths_or_pydantic_internals():
+    from pydantic import BaseModel, ValidationError
+
+    from kvscope.api.abmanager import public_error
+
+    missing = FileNotFoundError(2, "No such file or directory", "/srv/kvscope/out/ab/ab-3/tiered-nof.blocks")
+    assert public_error(missing) == "FileNotFoundError: [Errno 2] No such file or directory: '.../tiered-nof.blocks'"
+
+    class Arm(BaseModel):
+        rounds: int
+
+    try:
+        Arm(rounds="many")
+    except ValidationError as error:
+        said = public_error(error)
+    assert said.startswith("ValidationError: 1 validation error for Arm\nrounds\n  Input should be a valid integer")
+    assert "input_value" not in said and "errors.pydantic.dev" not in said
+    assert public_error(ValueError("ratio 1/2 of a/b")) == "ValueError: ratio 1/2 of a/b"  # not a path
