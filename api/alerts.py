@@ -1,46 +1,87 @@
 """Hit-rate-collapse alerts, predicted and live, with Prometheus' states: pending, firing, resolved.
 
-Rules (evaluated per round of an A/B arm, from the same rows the contract reports):
+`RULES` is the one definition of each alert the service raises: its meaning, its thresholds, its severity and its
+runbook section (the shipped Prometheus rules and the runbook are held to it by tests). `evaluate_round` applies
+them to an A/B arm's newest round, from the same rows the contract reports (kvscope.api.clusterwatch applies them
+to scraped clusters):
 - KVCacheCollapsePredicted: the planner says the arm collapses at round N (fires when the A/B starts, with N and
-  the arithmetic; resolves when the A/B ends).
-- KVCacheHitRateCollapse, the evict-recompute-rewrite loop:
-  - pending when collapse is imminent: the top tier's occupancy, grown by its last round's growth, would pass its
-    capacity next round (the predict_linear of a DRAM tier filling up);
-  - firing when the hit ratio is below `fraction` of its ideal (or, where no ideal is known, of its trailing peak)
-    while bytes written per round are not falling;
-  - resolved when that no longer holds.
-An alert is identified by its name and labels; every transition is stamped and passed to the subscribers
-(the Alertmanager forwarder).
+  the arithmetic; resolves when the A/B ends);
+- KVCacheCollapseImminent: the top tier's occupancy, grown by its last round's growth, would pass its capacity
+  next round (a round's predict_linear);
+- KVCacheHitRateCollapse: the hit ratio below 1 - collapse_tolerance of its ideal (of its trailing peak where no
+  ideal is known) while the bytes written per round are not falling;
+each resolves when it no longer holds, and when its A/B ends. An alert is identified by its name and labels; every
+transition is stamped and passed to the subscribers (the Alertmanager forwarder).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 State = Literal["pending", "firing", "resolved"]
-RESOLVED_KEPT_S = 900.0  # a resolved alert stays listed (and re-sent to Alertmanager) this long, then is dropped
-COLLAPSE = "KVCacheHitRateCollapse"
-PREDICTED = "KVCacheCollapsePredicted"
 
 
 @dataclass(frozen=True)
 class AlertRule:
-    """What an alert is to the person it reaches: its severity (the shipped Alertmanager route pages on critical)
-    and its runbook section."""
+    """One alert's definition, the one its every consumer follows: what it means, when it fires (the thresholds,
+    by name), its severity (the shipped Alertmanager route pages on critical) and its runbook section. The shipped
+    Prometheus rules use these numbers and the runbook states them (tests/deploy/test_rules.py holds both to
+    this); the service evaluates them (the A/B manager for its arms, ClusterWatch for scraped clusters)."""
 
+    name: str
     severity: Literal["critical", "warning"]
-    runbook_url: str
+    meaning: str
+    thresholds: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def runbook_url(self) -> str:
+        return f"docs/runbook.md#{self.name.lower()}"
 
 
-# Every alert the service raises. KVCacheHitRateCollapse is a Prometheus rule too
-# (deploy/prometheus/rules/kvscope-alerts.yml): a test holds its severity and runbook to these.
+RESOLVED_KEPT_S = 900.0  # a resolved alert stays listed (and re-sent to Alertmanager) this long, then is dropped
+COLLAPSE = "KVCacheHitRateCollapse"
+IMMINENT = "KVCacheCollapseImminent"
+PREDICTED = "KVCacheCollapsePredicted"
+
 RULES: dict[str, AlertRule] = {
-    COLLAPSE: AlertRule("critical", "docs/runbook.md#kvcachehitratecollapse"),
-    PREDICTED: AlertRule("warning", "docs/runbook.md#kvcachecollapsepredicted"),
+    rule.name: rule
+    for rule in (
+        AlertRule(
+            COLLAPSE,
+            "critical",
+            "the evict-recompute-rewrite loop: the prefix-cache hit ratio far below what the cache delivers while the "
+            "bytes written to the tiers are not falling. What it delivers is the ideal hit ratio where it is known "
+            "(an A/B arm, each round: below 1 - the scenario's collapse_tolerance x the ideal, the planner's collapse, "
+            "so it fires in the round KVCacheCollapsePredicted names; a round stands for `for_s`), and otherwise "
+            "the engine's own peak (a cluster: below `fraction_of_peak` x the peak of the last `peak_window_s`, over "
+            "`rate_window_s`, writes at least `writes_floor` x those of the window before, held for `for_s`)",
+            {
+                "fraction_of_peak": 0.5,
+                "peak_window_s": 3600.0,
+                "rate_window_s": 300.0,
+                "writes_floor": 0.9,
+                "for_s": 300.0,
+            },
+        ),
+        AlertRule(
+            IMMINENT,
+            "warning",
+            "a top (DRAM) tier about to start evicting: its allocated bytes, fitted by least squares over "
+            "`fit_window_s` and extrapolated `horizon_s` ahead, pass `watermark` x its capacity while still growing, "
+            "held for `for_s` (an A/B arm: its growth over the last round, one round ahead, passes its capacity)",
+            {"fit_window_s": 300.0, "horizon_s": 1800.0, "watermark": 0.95, "for_s": 300.0},
+        ),
+        AlertRule(
+            PREDICTED,
+            "warning",
+            "the planner predicts an A/B arm's collapse (its hit ratio below 1 - collapse_tolerance of its ideal) at "
+            "round N, before the round runs; raised when the A/B starts, resolved when it ends",
+        ),
+    )
 }
 
 
@@ -137,7 +178,8 @@ class ArmWatch:
 def evaluate_round(
     book: AlertBook, labels: dict[str, str], watch: ArmWatch, row: dict, top_tier: str, capacity: int, fraction: float
 ) -> None:
-    """Apply KVCacheHitRateCollapse to an arm's newest round row (the A/B contract's per-round row)."""
+    """Apply KVCacheHitRateCollapse and KVCacheCollapseImminent to an arm's newest round row (the A/B contract's
+    per-round row)."""
     written = sum(row["written_bytes"].values())
     allocated = row["allocated_bytes"][top_tier]
     ideal = row.get("ideal_hit_ratio")
@@ -149,25 +191,21 @@ def evaluate_round(
     watch.peak_hit_ratio = max(watch.peak_hit_ratio, row["hit_ratio"])
     watch.last_written, watch.last_allocated = written, allocated
     basis = "its ideal" if ideal else "its trailing peak"
-    if collapsed:
-        book.set(
-            COLLAPSE,
-            labels,
-            "firing",
-            f"round {row['round']}: hit ratio {row['hit_ratio']:.3f} < {fraction:g} x {basis} {reference:.3f} "
-            f"while {written:,} B were written",
-            value=row["hit_ratio"],
-            description="evict, recompute, rewrite: chain heads are being evicted faster than sessions return",
-        )
-    elif imminent:
-        book.set(
-            COLLAPSE,
-            labels,
-            "pending",
-            f"round {row['round']}: {top_tier} holds {allocated:,} of {capacity:,} B and grew {growth:,} B: "
-            "next round passes capacity",
-            value=allocated / capacity,
-            description="collapse imminent: the tier will start evicting within one round",
-        )
-    else:
-        book.set(COLLAPSE, labels, None)
+    book.set(
+        COLLAPSE,
+        labels,
+        "firing" if collapsed else None,
+        f"round {row['round']}: hit ratio {row['hit_ratio']:.3f} < {fraction:g} x {basis} {reference:.3f} "
+        f"while {written:,} B were written",
+        value=row["hit_ratio"],
+        description="evict, recompute, rewrite: chain heads are being evicted faster than sessions return",
+    )
+    book.set(
+        IMMINENT,
+        labels,
+        "firing" if imminent and not collapsed else None,
+        f"round {row['round']}: {top_tier} holds {allocated:,} of {capacity:,} B and grew {growth:,} B: "
+        "next round passes capacity",
+        value=allocated / capacity,
+        description="the tier will start evicting within one round: its chain heads go first",
+    )

@@ -1,13 +1,16 @@
 """Collapse alerts for live clusters, from what the exporters scrape (the A/B manager watches its own arms).
 
-Two rules, evaluated after every successful scrape of a target, on its normalized samples:
+Two rules, defined in kvscope.api.alerts.RULES with the numbers the shipped Prometheus rules use, evaluated after
+every successful scrape of a target, on its normalized samples:
 - KVCacheCollapseImminent (predictive), per store system and tier: a least-squares line through the tier's
-  allocated bytes over the last `window_s` reaches `watermark` x capacity within `horizon_s` (Prometheus'
-  predict_linear). Firing while that holds.
-- KVCacheHitRateCollapse (live), per engine: the prefix-cache hit ratio over the last `window_s` fell below
-  `fraction` of its trailing peak while the cluster's bytes written per second are not falling: the
-  evict-recompute-rewrite loop. Pending on the first evaluation that sees it, firing on the next.
-Ratios are of increases (counter resets count from zero, as increase() does), never of lifetime counters.
+  allocated bytes over the last `fit_window_s` reaches `watermark` x capacity within `horizon_s` (Prometheus'
+  predict_linear) while growing.
+- KVCacheHitRateCollapse (live), per engine: the prefix-cache hit ratio over the last `rate_window_s` fell below
+  `fraction_of_peak` of its peak of the last `peak_window_s` while the cluster's bytes written over the window are
+  at least `writes_floor` of those of the window before: the evict-recompute-rewrite loop.
+Each is pending from the first evaluation that sees it and firing once it has held for `for_s` (Prometheus' `for`);
+it resolves when it no longer holds. Ratios are of increases (counter resets count from zero, as increase() does),
+never of lifetime counters.
 """
 
 from __future__ import annotations
@@ -15,10 +18,10 @@ from __future__ import annotations
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
-from kvscope.api.alerts import COLLAPSE, AlertBook
+from kvscope.api.alerts import COLLAPSE, IMMINENT, RULES, AlertBook, State
 from kvscope.exporters.scrape import TargetState
 
-IMMINENT = "KVCacheCollapseImminent"
+_COLLAPSE, _IMMINENT = RULES[COLLAPSE].thresholds, RULES[IMMINENT].thresholds
 
 
 def _append(points: deque[tuple[float, float]], ts: float, value: float, keep_s: float) -> None:
@@ -52,15 +55,18 @@ class _Counter:
 @dataclass
 class ClusterWatch:
     book: AlertBook
-    window_s: float = 300.0
-    horizon_s: float = 1800.0
-    watermark: float = 0.95
-    fraction: float = 0.9
-    peak_s: float = 3600.0
+    window_s: float = _COLLAPSE["rate_window_s"]  # the collapse's rate window and the imminent fit's
+    horizon_s: float = _IMMINENT["horizon_s"]
+    watermark: float = _IMMINENT["watermark"]
+    fraction: float = _COLLAPSE["fraction_of_peak"]
+    peak_s: float = _COLLAPSE["peak_window_s"]
+    writes_floor: float = _COLLAPSE["writes_floor"]
+    for_s: float = _COLLAPSE["for_s"]  # the same for both rules
     _allocated: dict[tuple, deque] = field(default_factory=lambda: defaultdict(deque))
     _capacity: dict[tuple, float] = field(default_factory=dict)
     _counters: dict[tuple, _Counter] = field(default_factory=lambda: defaultdict(_Counter))
     _ratios: dict[str, deque] = field(default_factory=lambda: defaultdict(deque))
+    _holding_since: dict[tuple, float] = field(default_factory=dict)  # alert key -> when its condition began
 
     def __call__(self, state: TargetState) -> None:
         """The scrape loop's callback: fold in a successful scrape, then evaluate both rules."""
@@ -106,19 +112,29 @@ class ClusterWatch:
         self.book.set(
             IMMINENT,
             labels,
-            "firing" if reaches else None,
+            self._held(IMMINENT, labels, reaches, now),
             f"{key[1]} of {key[0]} reaches {self.watermark:.0%} of capacity in {max(seconds, 0):.0f} s "
             f"at {slope:,.0f} B/s",
             value=max(seconds, 0.0),
             description="occupancy growth extrapolated over the window: eviction of chain heads is about to start",
         )
 
+    def _held(self, name: str, labels: dict[str, str], holds: bool, now: float) -> State | None:
+        """Prometheus' `for`: pending from the first evaluation that sees the condition, firing once it has held
+        for `for_s`."""
+        key = (name, tuple(sorted(labels.items())))
+        if not holds:
+            self._holding_since.pop(key, None)
+            return None
+        since = self._holding_since.setdefault(key, now)  # scrape time: the clock the rules are evaluated on
+        return "firing" if now - since >= self.for_s else "pending"
+
     def _writes_not_falling(self, now: float) -> bool:
         recent = self._written_increase(now - self.window_s, now)
         before = self._written_increase(now - 2 * self.window_s, now - self.window_s)
         if recent is None:
             return False
-        return before is None or recent >= before
+        return before is None or recent >= self.writes_floor * before
 
     def _written_increase(self, start: float, end: float) -> float | None:
         total, seen = 0.0, False
@@ -151,14 +167,10 @@ class ClusterWatch:
         peak = max(r for ts, r in history if ts >= now - self.peak_s)
         collapsed = peak > 0 and ratio < self.fraction * peak and writes_not_falling
         labels = {"engine": engine}
-        current = next((a for a in self.book.active() if a.name == COLLAPSE and a.labels == labels), None)
-        state = None
-        if collapsed:
-            state = "firing" if current is not None else "pending"
         self.book.set(
             COLLAPSE,
             labels,
-            state,
+            self._held(COLLAPSE, labels, collapsed, now),
             f"engine {engine}: hit ratio {ratio:.3f} over {self.window_s:.0f} s < {self.fraction:g} x its "
             f"trailing peak {peak:.3f} while bytes written are not falling",
             value=ratio,

@@ -1,4 +1,5 @@
-"""Alerts reach a real Alertmanager (Debian prometheus-alertmanager on 127.0.0.1) and its webhook receiver."""
+"""Alerts reach a real Alertmanager (Debian prometheus-alertmanager on 127.0.0.1), run with the shipped
+deploy/alertmanager/alertmanager.yml (routes and inhibitions as shipped, receivers pointed at a webhook here)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from support.realservers import Webhook, start_alertmanager, wait_for
+import yaml
+from support.realservers import Webhook, shipped_alertmanager_config, start_alertmanager, wait_for
 
 from kvscope.api.alertmanager import AlertmanagerForwarder
-from kvscope.api.alerts import COLLAPSE, AlertBook
+from kvscope.api.alerts import COLLAPSE, IMMINENT, PREDICTED, AlertBook
 from kvscope.processes import free_port
 
 
@@ -19,11 +21,7 @@ def alertmanager(tmp_path, real_binary):
     binary = real_binary("alertmanager")
     hook = Webhook()
     config = tmp_path / "alertmanager.yml"
-    config.write_text(
-        "route:\n  receiver: hook\n  group_by: [alertname, arm]\n  group_wait: 0s\n  group_interval: 1s\n"
-        "  repeat_interval: 1h\n"
-        f"receivers:\n  - name: hook\n    webhook_configs:\n      - url: {hook.url}/hook\n        send_resolved: true\n"
-    )
+    config.write_text(yaml.safe_dump(shipped_alertmanager_config(hook)))
     process = start_alertmanager(binary, config, tmp_path / "data", tmp_path / "alertmanager.log")
     try:
         process.wait_ready("Alertmanager", 20)
@@ -54,6 +52,7 @@ def test_a_firing_then_resolved_collapse_alert_reaches_alertmanager_and_its_rece
         assert alert["annotations"]["summary"].startswith("round 8")
         notified = wait_for(lambda: [n for n in hook.notifications if n["status"] == "firing"], "a firing webhook")
         assert notified[0]["alerts"][0]["labels"]["arm"] == "dram_only"
+        assert notified[0]["receiver"] == "kvscope-pager"  # critical: the shipped route pages
 
         book.set(COLLAPSE, labels, None)
         resolved = wait_for(lambda: [n for n in hook.notifications if n["status"] == "resolved"], "a resolved webhook")
@@ -87,3 +86,31 @@ def test_the_services_alerts_have_the_severity_and_runbook_of_the_shipped_rules(
             assert rules[name]["annotations"]["runbook_url"] == rule.runbook_url, name
         anchor = rule.runbook_url.partition("#")[2]
         assert f"\n## {name}\n" in (root / "docs" / "runbook.md").read_text() and anchor == name.lower()
+
+
+def test_the_services_warnings_go_to_tickets_and_a_collapse_silences_its_arms(alertmanager):
+    """Every alert the service raises has a rule (severity, runbook): an imminent collapse and a prediction are
+    forwarded as warnings (they once had none, and the forwarder failed on them), routed to tickets, and the
+    shipped inhibitions silence them once the same arm collapses."""
+    url, hook = alertmanager
+    book = AlertBook()
+    forwarder = AlertmanagerForwarder(url, book, resend_s=0.5).start()
+    arm = {"ab": "ab-2", "arm": "dram_only"}
+    try:
+        book.set(IMMINENT, {**arm, "tier": "dram"}, "firing", "round 7: dram passes capacity next round")
+        book.set(PREDICTED, arm, "firing", "the planner predicts arm dram_only collapses at round 8")
+        tickets = wait_for(
+            lambda: {a["labels"]["alertname"] for n in hook.notifications if n["receiver"] == "kvscope-tickets"
+                     for a in n["alerts"]} >= {IMMINENT, PREDICTED} or None,
+            "both warnings at the tickets receiver",
+        )  # fmt: skip
+        assert tickets
+        book.set(COLLAPSE, {**arm, "tier": "dram"}, "firing", "round 8: hit ratio 0.69 < 0.99 x its ideal 0.89")
+
+        def silenced() -> dict | None:
+            states = {a["labels"]["alertname"]: a["status"]["state"] for a in httpx.get(f"{url}/api/v2/alerts").json()}
+            return states if states.get(IMMINENT) == states.get(PREDICTED) == "suppressed" else None
+
+        assert wait_for(silenced, "the warnings inhibited by the collapse")[COLLAPSE] == "active"
+    finally:
+        forwarder.stop()

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from kvscope.api.alerts import COLLAPSE, AlertBook
-from kvscope.api.clusterwatch import IMMINENT, ClusterWatch
+from kvscope.api.alerts import COLLAPSE, IMMINENT, RULES, AlertBook
+from kvscope.api.clusterwatch import ClusterWatch
 from kvscope.exporters.base import TargetConfig
 from kvscope.exporters.scrape import TargetState
 from kvscope.samples import Sample, labels_of
@@ -32,12 +32,15 @@ def states(book: AlertBook, name: str) -> list[str]:
 
 def test_occupancy_growing_into_capacity_within_the_horizon_fires_imminent():
     book = AlertBook()
-    watch = ClusterWatch(book, window_s=300, horizon_s=600, watermark=0.95)
+    watch = ClusterWatch(book, window_s=300, horizon_s=600, watermark=0.95, for_s=120)
     for minute in range(5):  # 50 GB growing 1 GB a minute: 95 GB in 45 minutes, beyond a 10-minute horizon
         watch(occupancy(minute * 60.0, 50 * GB + minute * GB))
     assert states(book, IMMINENT) == []
+    seen = []
     for minute in range(5, 10):  # now 10 GB a minute from 54 GB: 95 GB within 10 minutes
         watch(occupancy(minute * 60.0, 54 * GB + (minute - 4) * 10 * GB))
+        seen.append(tuple(states(book, IMMINENT)))
+    assert seen[-1] == ("firing",) and seen[-1 - 2] == ("pending",)  # pending for 2 minutes (for_s), then firing
     (alert,) = book.list()
     assert (alert.name, alert.state, alert.labels) == (IMMINENT, "firing", {"system": "mooncake", "tier": "dram"})
     assert alert.value is not None and alert.value < 600
@@ -57,7 +60,7 @@ def engine_scrape(ts: float, hits: float, queries: float, written: float) -> lis
 
 def test_a_hit_ratio_falling_while_writes_rise_goes_pending_then_firing_then_resolves():
     book = AlertBook()
-    watch = ClusterWatch(book, window_s=120, fraction=0.9)
+    watch = ClusterWatch(book, window_s=120, fraction=0.9, for_s=60)
     steady = [(800.0, 1000.0, 1 * GB)] * 6
     collapse = [(200.0, 1000.0, 3 * GB)] * 4
     watch_states = []
@@ -69,7 +72,7 @@ def test_a_hit_ratio_falling_while_writes_rise_goes_pending_then_firing_then_res
         watch_states.append(tuple(states(book, COLLAPSE)))
     assert watch_states[5] == ()  # steady at 0.8
     assert watch_states[6] == ("pending",)  # the first scrape that sees it
-    assert watch_states[7] == ("firing",)  # still there on the next one
+    assert watch_states[7] == ("firing",)  # held for for_s (a minute)
     assert watch_states[-1] == ("resolved",)
     (alert,) = [a for a in book.list() if a.name == COLLAPSE]
     assert alert.labels == {"engine": "vllm-0"} and alert.fired_at is not None
@@ -97,3 +100,16 @@ def test_the_embedded_stores_are_left_to_the_ab_manager():
             scrape(minute * 60.0, ("kv.tier.allocated.bytes", minute * 20 * GB, {"tier": "dram"}), source="tierstore")
         )
     assert book.list() == []
+
+
+def test_the_watch_follows_the_alert_definitions():
+    """Its defaults are the numbers of alerts.RULES, which the shipped Prometheus rules use."""
+    watch = ClusterWatch(AlertBook())
+    collapse, imminent = RULES[COLLAPSE].thresholds, RULES[IMMINENT].thresholds
+    assert (watch.fraction, watch.peak_s, watch.window_s, watch.writes_floor, watch.for_s) == (
+        collapse["fraction_of_peak"], collapse["peak_window_s"], collapse["rate_window_s"], collapse["writes_floor"],
+        collapse["for_s"],
+    )  # fmt: skip
+    assert (watch.watermark, watch.horizon_s, watch.window_s, watch.for_s) == (
+        imminent["watermark"], imminent["horizon_s"], imminent["fit_window_s"], imminent["for_s"],
+    )  # fmt: skip

@@ -21,7 +21,15 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from support.realservers import TOKEN, Service, Webhook, start_alertmanager, start_prometheus, wait_for
+from support.realservers import (
+    TOKEN,
+    Service,
+    Webhook,
+    shipped_alertmanager_config,
+    start_alertmanager,
+    start_prometheus,
+    wait_for,
+)
 
 from kvscope.processes import free_port
 
@@ -63,21 +71,6 @@ def scaled_rules(text: str) -> str:
     return yaml.safe_dump(rules, sort_keys=False)
 
 
-def alertmanager_config(hook: Webhook) -> dict:
-    """deploy/alertmanager/alertmanager.yml with its receivers posting to `hook` (one path per receiver) and its
-    waits cut to a second; routes, matchers and inhibitions stay as shipped."""
-    config = yaml.safe_load((DEPLOY / "alertmanager" / "alertmanager.yml").read_text())
-    for receiver in config["receivers"]:
-        for webhook in receiver.get("webhook_configs", []):
-            webhook["url"] = f"{hook.url}/{receiver['name']}"
-    routes = [config["route"]]
-    while routes:
-        route = routes.pop()
-        route.update(group_wait="0s", group_interval="1s")
-        routes.extend(route.get("routes", []))
-    return config
-
-
 def prometheus_config(rule_files: list[Path], service_port: int, alertmanager_port: int) -> dict:
     """deploy/prometheus/prometheus.yml pointed at this test's service and Alertmanager, every second. The
     exporter's job goes: this test has no exporter (its absence would only raise KVScopeTargetDown)."""
@@ -99,7 +92,7 @@ def stack(tmp_path, real_binary):
         hook = Webhook()
         started.append(hook)
         am_config = tmp_path / "alertmanager.yml"
-        am_config.write_text(yaml.safe_dump(alertmanager_config(hook)))
+        am_config.write_text(yaml.safe_dump(shipped_alertmanager_config(hook)))
         alertmanager = start_alertmanager(alertmanager_bin, am_config, tmp_path / "am", tmp_path / "alertmanager.log")
         started.append(alertmanager)
 
@@ -213,7 +206,7 @@ def test_the_shipped_inhibitions_silence_an_arms_warning_but_never_a_whole_clust
     that both lack the labels, which once let one collapse silence every warning of a cluster)."""
     hook = Webhook()
     config = tmp_path / "alertmanager.yml"
-    config.write_text(yaml.safe_dump(alertmanager_config(hook)))
+    config.write_text(yaml.safe_dump(shipped_alertmanager_config(hook)))
     process = start_alertmanager(real_binary("alertmanager"), config, tmp_path / "data", tmp_path / "am.log")
     try:
         process.wait_ready("Alertmanager", 20)

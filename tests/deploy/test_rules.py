@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvscope.api.alerts import COLLAPSE
-from kvscope.api.clusterwatch import IMMINENT
+from kvscope.api.alerts import COLLAPSE, IMMINENT, RULES
 from kvscope.model import INSTRUMENTS, prometheus_name
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -187,3 +186,38 @@ def test_alertmanager_routes_every_alert_to_a_receiver_that_exists():
     assert by_matcher[('severity="critical"',)] == "kvscope-pager"
     assert by_matcher[('alertname="NoFWritesInDramOnlyArm"',)] == "kvscope-verification"
     assert ALERTS["KVCacheHitRateCollapse"]["labels"]["severity"] == "critical"
+
+
+def _prometheus_duration(seconds: float) -> str:
+    return f"{seconds / 3600:g}h" if seconds % 3600 == 0 else f"{seconds / 60:g}m"
+
+
+def _spoken(seconds: float) -> str:
+    if seconds == 3600:
+        return "1 hour"
+    return f"{seconds / 60:g} minutes"
+
+
+def test_the_collapse_rules_use_the_numbers_of_the_alert_definitions():
+    """One definition per alert (kvscope.api.alerts.RULES): the shipped Prometheus rules and the runbook state the
+    thresholds the service evaluates."""
+    collapse, imminent = RULES[COLLAPSE].thresholds, RULES[IMMINENT].thresholds
+    expr = " ".join(ALERTS[COLLAPSE]["expr"].split())
+    rate = _prometheus_duration(collapse["rate_window_s"])
+    assert f"< {collapse['fraction_of_peak']:g} * max_over_time(" in expr
+    assert f":rate{rate}[{_prometheus_duration(collapse['peak_window_s'])}])" in expr
+    assert f">= {collapse['writes_floor']:g} * ab_arm:kv_tier_written_bytes:rate{rate} offset {rate}" in expr
+    assert ALERTS[COLLAPSE]["for"] == _prometheus_duration(collapse["for_s"])
+    expr = " ".join(ALERTS[IMMINENT]["expr"].split())
+    fit = _prometheus_duration(imminent["fit_window_s"])
+    assert f"[{fit}], {imminent['horizon_s']:g})" in expr and f"> {imminent['watermark']:g} )" in expr
+    assert ALERTS[IMMINENT]["for"] == _prometheus_duration(imminent["for_s"])
+    sections = _runbook_sections()
+    for name, numbers in ((COLLAPSE, collapse), (IMMINENT, imminent)):
+        assert ALERTS[name]["labels"]["severity"] == RULES[name].severity
+        assert ALERTS[name]["annotations"]["runbook_url"] == RULES[name].runbook_url
+        text = " ".join(sections[RULES[name].runbook_url.partition("#")[2]]["text"].split())
+        fires_when = text.partition("**Fires when**")[2].partition("**What it means.**")[0]
+        for key, value in numbers.items():
+            spelled = _spoken(value) if key.endswith("_s") else f"{value:g}"
+            assert spelled in fires_when, f"{name}: the runbook's 'Fires when' does not say {key} = {spelled}"

@@ -1,7 +1,7 @@
 """Real servers on 127.0.0.1 for the tests that start them: a free port, polling until something is ready, a real
 binary with its log kept (Prometheus, Alertmanager), an HTTP receiver of POSTs (Alertmanager's webhook, an OTLP
-endpoint), the kvscope service under uvicorn in a thread, and the exposition kvscope's exporter serves after one
-scrape.
+endpoint), the shipped alertmanager.yml pointed at such a receiver, the kvscope service under uvicorn in a thread,
+and the exposition kvscope's exporter serves after one scrape.
 
 Whether a real binary must be there is for the `require_real` and `real_binary` fixtures (tests/conftest.py).
 """
@@ -20,6 +20,7 @@ from typing import TypeVar
 
 import httpx
 import uvicorn
+import yaml
 from pydantic import SecretStr
 
 from kvscope.api.app import create_app
@@ -28,6 +29,7 @@ from kvscope.exporters.otel import TelemetryBridge
 from kvscope.exporters.scrape import Scraper
 from kvscope.processes import free_port
 
+ROOT = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"
 TOKEN = "test-token"  # the bearer token of the service `Service` starts
 
@@ -199,6 +201,21 @@ class Service(Uvicorn):
 
 
 # ---------------------------------------------------------------------------------------------- the exporter
+
+
+def shipped_alertmanager_config(hook: Webhook) -> dict:
+    """deploy/alertmanager/alertmanager.yml with its receivers posting to `hook` (one path per receiver) and its
+    waits cut to a second; routes, matchers and inhibitions stay as shipped."""
+    config = yaml.safe_load((ROOT / "deploy" / "alertmanager" / "alertmanager.yml").read_text())
+    for receiver in config["receivers"]:
+        for webhook in receiver.get("webhook_configs", []):
+            webhook["url"] = f"{hook.url}/{receiver['name']}"
+    routes = [config["route"]]
+    while routes:
+        route = routes.pop()
+        route.update(group_wait="0s", group_interval="1s")
+        routes.extend(route.get("routes", []))
+    return config
 
 
 def scrape_once(scraper: Scraper) -> None:
