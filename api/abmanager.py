@@ -17,6 +17,7 @@ from pathlib import Path
 
 from kvscope.api.abhistory import ABHistory, ABTest, ArmState, Deletion
 from kvscope.api.alerts import PREDICTED, AlertBook, ArmWatch, evaluate_round
+from kvscope.api.scenarios import real_bytes
 from kvscope.tierstore.ab import ArmRun, followed_arm, followers, make_arm, observed_collapse_round
 from kvscope.tierstore.live import ENGINES
 from kvscope.tierstore.planner import Plan, plan
@@ -57,9 +58,13 @@ class ABManager:
         criteria_files: list[Path] | None = None,
         retain_s: float = 300.0,
         max_real_store: int = 1,
+        max_running: int = 8,
+        max_real_bytes: int = 4 * 1024**3,
     ) -> None:
         self.db, self.alerts, self.workdir = db, alerts, workdir
         self.max_real_store = max_real_store  # A/Bs with real-store arms at once: each starts processes
+        self.max_running = max_running  # A/Bs at once: each is a thread and its engines' memory
+        self.max_real_bytes = max_real_bytes  # memory and file tiers of the running A/Bs, together
         self.retain_s = retain_s  # a finished test's engines stay exported this long, then are withdrawn
         self._withdrawals: list[threading.Timer] = []
         # bad files fail at start-up; a test binds their params again for its own store (see _criteria_for)
@@ -85,11 +90,23 @@ class ABManager:
         """Plan the test, record its arms' round 0, and run the rest in a background thread."""
         the_plan = plan(scenario)
         with self._lock:
+            running = [t for t in self._tests.values() if t.status == "running"]
+            if len(running) >= self.max_running:
+                raise Busy(
+                    f"{len(running)} A/B tests already running (the service runs {self.max_running} at a time); "
+                    "try again when one has ended"
+                )
+            held = sum(real_bytes(t.scenario) for t in running)
+            if held + real_bytes(scenario) > self.max_real_bytes:
+                raise Busy(
+                    f"the running A/B tests hold {held:,} B in memory and file tiers and this one would add "
+                    f"{real_bytes(scenario):,} B: more than the service holds at once ({self.max_real_bytes:,} B)"
+                )
             if _uses_real_store(scenario):
-                running = sum(1 for t in self._tests.values() if t.status == "running" and _uses_real_store(t.scenario))
-                if running >= self.max_real_store:
+                real = sum(1 for t in running if _uses_real_store(t.scenario))
+                if real >= self.max_real_store:
                     raise Busy(
-                        f"{running} A/B test(s) with real-store arms already running (the service runs "
+                        f"{real} A/B test(s) with real-store arms already running (the service runs "
                         f"{self.max_real_store} at a time); try again when it has ended"
                     )
             test = ABTest(f"ab-{next(self._ids)}", scenario, rounds_per_minute, len(the_plan.rounds))

@@ -55,7 +55,16 @@ def create_app(settings: Settings | None = None, on_started: Callable[[Services]
             settings,
             db,
             book,
-            ABManager(db, book, settings.workdir, settings.criteria, settings.ab_retain_s, settings.max_real_store_ab),
+            ABManager(
+                db,
+                book,
+                settings.workdir,
+                settings.criteria,
+                retain_s=settings.ab_retain_s,
+                max_real_store=settings.max_real_store_ab,
+                max_running=settings.max_running_ab,
+                max_real_bytes=settings.max_real_bytes,
+            ),
         )
         app.state.services = services
         collector = ServiceCollector(services)

@@ -27,6 +27,10 @@ class Settings(BaseSettings):
     targets: Path | None = Field(None, description="exporter configuration of live clusters to scrape and watch")
     scrape_interval_s: float = Field(5.0, gt=0, description="how often the published A/B engines are scraped")
     ab_retain_s: float = Field(300.0, ge=0, description="an ended A/B's engines stay on /metrics this long")
+    max_running_ab: int = Field(8, ge=1, description="A/Bs running at once; one more is refused with 409")
+    max_real_bytes: int = Field(
+        4 * 1024**3, ge=0, description="bytes the memory and file tiers of all running A/Bs may hold together"
+    )
     max_real_store_ab: int = Field(
         1, ge=0, description="A/Bs with real-store arms (Mooncake processes) running at once; 0 refuses them"
     )

@@ -62,7 +62,7 @@ def client(app_factory, tmp_path_factory):
         seed.thread.join(60)
         assert seed.status == "finished" and len(seed.verdicts) == 7
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(scenarios, "MAX_BLOCK_LOOKUPS", 100_000)  # a generated A/B: a fraction of a second
+        patch.setattr(scenarios, "MAX_BLOCK_LOOKUPS", 1_000_000)  # a generated A/B: about a second
         patch.setattr(scenarios, "MAX_REAL_BYTES", 64 * 1024**2)
         with TestClient(app_factory(folder, criteria=[CRITERIA]), raise_server_exceptions=False) as running:
             yield running

@@ -9,6 +9,7 @@ from fastapi.testclient import TestClient
 
 from kvscope.api.settings import Settings
 
+AUTH = {"Authorization": "Bearer test-token"}
 SMALL = {
     "workload": {"kind": "multi_round", "sessions": 2, "rounds": 2, "first_prompt_tokens": 64},
     "kv": {"block_tokens": 16, "bytes_per_token": 100},
@@ -233,3 +234,31 @@ def test_an_ab_error_names_the_failure_without_server_paths_or_pydantic_internal
     assert said.startswith("ValidationError: 1 validation error for Arm\nrounds\n  Input should be a valid integer")
     assert "input_value" not in said and "errors.pydantic.dev" not in said
     assert public_error(ValueError("ratio 1/2 of a/b")) == "ValueError: ratio 1/2 of a/b"  # not a path
+
+
+def test_the_bounds_hold_for_a_whole_scenario_and_the_whole_service(app_factory, tmp_path):
+    """Limits per tier let two 1.5 GiB memory tiers through (2.96 GiB peak), any number of A/Bs run at once, and
+    1 session x 1,000 rounds pass the lookup bound while its per-round commits take minutes."""
+    memory = {"name": "dram", "capacity": "1.5GiB", "backend": "memory"}
+    two_tiers = {**SMALL, "arms": {"a": {"tiers": [memory]}, "b": {"tiers": [memory]}}}
+    slow = {**SMALL, "workload": {**SMALL["workload"], "rounds": 50}}
+    with TestClient(app_factory(tmp_path, max_running_ab=1, max_real_bytes=64 * 1024**2)) as client:
+        answer = client.post("/api/v1/predict", json=two_tiers)
+        assert answer.status_code == 422
+        assert "tiers hold 3,221,225,472 B of real bytes in all; at most 2,147,483,648 B" in answer.text
+        long = {**SMALL, "workload": {**SMALL["workload"], "sessions": 1, "rounds": 1000}}
+        arms = {f"a{index}": SMALL["arms"]["a"] for index in range(16)}
+        answer = client.post("/api/v1/predict", json={**long, "arms": arms})
+        assert answer.status_code == 422 and "each recorded round counts 20,000" in answer.text
+        assert client.post("/api/v1/predict", json=long).status_code == 200  # one arm: 20 M, within the bound
+
+        first = client.post("/api/v1/ab", json={"scenario": slow, "rounds_per_minute": 60}, headers=AUTH)
+        assert first.status_code == 201, first.text
+        second = client.post("/api/v1/ab", json={"scenario": SMALL}, headers=AUTH)
+        assert second.status_code == 409 and "the service runs 1 at a time" in second.text
+        client.delete(f"/api/v1/ab/{first.json()['id']}", headers=AUTH)  # stopped: room for the next
+
+        big = {**SMALL, "arms": {"a": {"tiers": [{**memory, "capacity": "65MiB"}]}}}
+        refused = client.post("/api/v1/ab", json={"scenario": big}, headers=AUTH)
+        assert refused.status_code == 409 and "more than the service holds at once (67,108,864 B)" in refused.text
+        assert client.post("/api/v1/ab", json={"scenario": SMALL}, headers=AUTH).status_code == 201
