@@ -13,9 +13,11 @@
     tests: [], // GET /api/v1/ab
     details: {}, // id -> GET /api/v1/ab/{id}
     alerts: [], // GET /api/v1/alerts
-    verdicts: null, // GET /api/v1/verdicts, when the service has it
+    verdicts: null, // GET /api/v1/verdicts, when the service has it: its newest 50
+    verdictsMore: false, // whether the service holds older verdicts than those
     verdictsApi: true,
     selected: null,
+    alertGroupsOpen: {}, // group key -> open, for the groups the reader opened or closed
     error: null,
     updated: null,
   };
@@ -164,15 +166,44 @@
     return newest.length ? newest[0].id : null;
   }
 
-  /** The service's verdict list, when it has an evidence API the page may read; its absence is no error. */
+  /** The service's verdict list (GET /api/v1/verdicts: {verdicts, next_offset}), newest first; an evidence API
+   * the service does not have is no error. */
   async function pollVerdicts() {
     if (!state.verdictsApi) return;
     try {
       const body = await getJSON("/api/v1/verdicts?limit=50");
-      state.verdicts = Array.isArray(body) ? body : body.verdicts || body.items || [];
+      state.verdicts = Array.isArray(body.verdicts) ? body.verdicts : [];
+      state.verdictsMore = body.next_offset !== null && body.next_offset !== undefined;
     } catch (error) {
       if (error.status >= 400 && error.status < 500) state.verdictsApi = false;
     }
+  }
+
+  /** The last round every arm of a detail holds (0 before the first). */
+  function roundsHeld(detail) {
+    const arms = Object.values(detail.arms || {});
+    if (!arms.length) return 0;
+    return Math.min(...arms.map((arm) => Math.max(0, ...(arm.rows || []).map((row) => row.round))));
+  }
+
+  /** The selected test's detail: every row the first time, then (while it runs, and once when it ends) only the
+   * rows after the last round every arm holds, added to those the page has; an ended test's rows do not change. */
+  async function pollDetail(summary) {
+    const cached = state.details[summary.id];
+    if (cached && cached.status !== "running" && cached.status === summary.status) return;
+    const url = `/api/v1/ab/${encodeURIComponent(summary.id)}`;
+    if (!cached) {
+      state.details[summary.id] = await getJSON(url);
+      return;
+    }
+    const since = roundsHeld(cached);
+    const fresh = await getJSON(`${url}?since_round=${since}`);
+    const arms = {};
+    for (const [name, arm] of Object.entries(fresh.arms || {})) {
+      const held = ((cached.arms || {})[name] || {}).rows || [];
+      arms[name] = { ...arm, rows: [...held.filter((row) => row.round <= since), ...(arm.rows || [])] };
+    }
+    state.details[summary.id] = { ...fresh, arms };
   }
 
   let timer = null;
@@ -192,10 +223,7 @@
       state.alerts = alerts;
       state.selected = choose(tests);
       const summary = tests.find((t) => t.id === state.selected);
-      const cached = summary && state.details[summary.id];
-      if (summary && (!cached || cached.status === "running" || cached.status !== summary.status)) {
-        state.details[summary.id] = await getJSON(`/api/v1/ab/${encodeURIComponent(summary.id)}`);
-      }
+      if (summary) await pollDetail(summary);
       await pollVerdicts();
       state.error = null;
       state.updated = Date.now();
@@ -222,7 +250,7 @@
     renderIf("detail", [detail || null, detail && detail.status === "running" ? Date.now() : 0], () =>
       renderDetail(detail),
     );
-    renderIf("verdicts", state.verdicts, renderAllVerdicts);
+    renderIf("verdicts", [state.verdicts, state.verdictsMore, detail ? detail.verdicts : null], renderAllVerdicts);
   }
 
   function renderLive() {
@@ -782,7 +810,13 @@
     section.hidden = !state.verdicts || !state.verdicts.length;
     if (section.hidden) return;
     const newest = [...state.verdicts].sort((a, b) => (b.verdict_id || 0) - (a.verdict_id || 0)).slice(0, 50);
-    fill("verdicts-body", verdictTable(newest, true, "verdicts-title"));
+    fill(
+      "verdicts-body",
+      state.verdictsMore
+        ? el("p", { class: "meta", text: `The newest ${newest.length}; older ones are in the evidence API.` })
+        : null,
+      verdictTable(newest, true, "verdicts-title"),
+    );
   }
 
   // ------------------------------------------------------------------------------------------------- start
