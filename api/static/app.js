@@ -244,7 +244,8 @@
 
   function render() {
     renderLive();
-    renderIf("alerts", [state.alerts, Math.floor(Date.now() / 10000)], renderAlerts);
+    const statuses = state.tests.map((t) => [t.id, t.status]);
+    renderIf("alerts", [state.alerts, state.selected, statuses, Math.floor(Date.now() / 10000)], renderAlerts);
     renderIf("list", [state.tests, state.selected], renderList);
     const detail = state.details[state.selected];
     renderIf("detail", [detail || null, detail && detail.status === "running" ? Date.now() : 0], () =>
@@ -270,6 +271,31 @@
     }
   }
 
+  /** The alerts by A/B (label `ab`), the cluster's (no `ab`) in a group of their own. First the A/B shown, then
+   * the running ones, then any other group with an active alert: those are open. Ended A/Bs' groups come last,
+   * newest first, collapsed. */
+  function alertGroups() {
+    const tests = new Map(state.tests.map((t) => [t.id, t]));
+    const groups = new Map();
+    for (const alert of state.alerts) {
+      const ab = (alert.labels || {}).ab;
+      const key = ab ? `ab:${ab}` : "cluster";
+      if (!groups.has(key)) groups.set(key, { key, ab: ab || null, test: tests.get(ab) || null, alerts: [] });
+      groups.get(key).alerts.push(alert);
+    }
+    const newest = (g) => (g.test ? g.test.started_at : Math.max(...g.alerts.map((a) => a.active_at || 0)));
+    const ranked = [...groups.values()].map((g) => {
+      const active = g.alerts.filter((a) => a.state === "firing" || a.state === "pending").length;
+      const selected = g.ab !== null && g.ab === state.selected;
+      const running = !!g.test && g.test.status === "running";
+      const rank = selected ? 0 : running ? 1 : active ? 2 : 3;
+      return { ...g, active, rank, open: rank < 3 };
+    });
+    return ranked.sort((a, b) => a.rank - b.rank || newest(b) - newest(a));
+  }
+
+  const ALERT_RANK = { firing: 0, pending: 1, resolved: 2 };
+
   function renderAlerts() {
     const count = (s) => state.alerts.filter((a) => a.state === s).length;
     fill(
@@ -278,16 +304,55 @@
       badge(count("pending") ? "pending" : "", `${count("pending")} pending`),
       badge("", `${count("resolved")} resolved`),
     );
-    const rank = { firing: 0, pending: 1 };
-    const active = state.alerts
-      .filter((a) => a.state in rank)
-      .sort((a, b) => rank[a.state] - rank[b.state] || b.active_at - a.active_at);
-    if (!active.length) {
-      fill("alerts-body", el("p", { class: "empty", text: "No firing or pending alerts." }));
+    if (!state.alerts.length) {
+      fill("alerts-body", el("p", { class: "empty", text: "No alerts." }));
       return;
     }
-    const rows = active.map((alert) => {
-      const since = alert.state === "firing" ? alert.fired_at : alert.active_at;
+    fill("alerts-body", alertGroups().map(alertGroup));
+  }
+
+  function alertGroup(group) {
+    const override = state.alertGroupsOpen[group.key];
+    const details = el("details", {
+      class: `alert-group ${group.open ? "active" : "ended"}`,
+      "data-group": group.ab ? "ab" : "cluster",
+      "data-ab": group.ab,
+      "data-status": group.test ? group.test.status : null,
+      open: override === undefined ? group.open : override,
+    });
+    // a group the reader opened or closed stays so across the polls, until it is as the page would have it anyway
+    details.addEventListener("toggle", () => {
+      if (details.open === group.open) delete state.alertGroupsOpen[group.key];
+      else state.alertGroupsOpen[group.key] = details.open;
+    });
+    const n = group.alerts.length;
+    const states = ["firing", "pending", "resolved"]
+      .map((s) => [s, group.alerts.filter((a) => a.state === s).length])
+      .filter(([, k]) => k)
+      .map(([s, k]) => badge(s, `${k} ${s}`));
+    const title = group.ab
+      ? [
+          "A/B ",
+          el("a", { href: abHref(group.ab), title: `show A/B test ${group.ab}`, text: group.ab }),
+          group.test ? ` · ${group.test.scenario}` : "",
+        ]
+      : ["Clusters (alerts without an A/B)"];
+    details.append(
+      el(
+        "summary",
+        {},
+        el("span", { class: "group-title" }, title),
+        group.test ? badge(group.test.status) : group.ab ? badge("", "no longer listed") : null,
+        el("span", { class: "group-count", text: `${n} alert${n === 1 ? "" : "s"}` }),
+        el("span", { class: "labels" }, states),
+      ),
+    );
+    const alerts = [...group.alerts].sort(
+      (a, b) => ALERT_RANK[a.state] - ALERT_RANK[b.state] || (b.active_at || 0) - (a.active_at || 0),
+    );
+    const hidden = group.ab ? new Set(["ab", "scenario"]) : new Set(); // the group's title says them
+    const rows = alerts.map((alert) => {
+      const labels = Object.fromEntries(Object.entries(alert.labels || {}).filter(([k]) => !hidden.has(k)));
       return el(
         "tr",
         { class: `alert ${alert.state}`, "data-alert": alert.name },
@@ -298,19 +363,24 @@
           el("div", { class: "alert-name", text: alert.name }),
           el("div", { class: "summary", text: alert.summary }),
         ),
-        el("td", {}, labelChips(alert.labels || {})),
-        el("td", { class: "num", title: fmtStamp(since) }, fmtClock(since), el("br"), `for ${ago(since)}`),
+        el("td", {}, labelChips(labels)),
+        alertWhen(alert),
       );
     });
-    fill(
-      "alerts-body",
-      el(
-        "table",
-        { "aria-describedby": "alerts-title" },
-        headRow(["State", "Alert", "Labels", "Since (UTC)"]),
-        el("tbody", {}, rows),
-      ),
+    details.append(
+      el("table", { class: "alerts" }, headRow(["State", "Alert", "Labels", "When (UTC)"]), el("tbody", {}, rows)),
     );
+    return details;
+  }
+
+  function alertWhen(alert) {
+    if (alert.state === "resolved") {
+      const fired = alert.fired_at ? `after ${fmtDuration(alert.resolved_at - alert.fired_at)} firing` : "";
+      const at = fmtClock(alert.resolved_at);
+      return el("td", { class: "num when", title: fmtStamp(alert.resolved_at) }, `resolved ${at}`, el("br"), fired);
+    }
+    const since = alert.state === "firing" ? alert.fired_at : alert.active_at;
+    return el("td", { class: "num when", title: fmtStamp(since) }, fmtClock(since), el("br"), `for ${ago(since)}`);
   }
 
   function labelChips(labels) {
