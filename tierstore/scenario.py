@@ -19,6 +19,7 @@ from pydantic import (
     Field,
     Tag,
     ValidationError,
+    WithJsonSchema,
     model_validator,
 )
 
@@ -28,8 +29,29 @@ from kvscope.tierstore.store import Placement
 from kvscope.units import MAX_INTEGER, digits, parse_bandwidth, parse_duration, parse_size
 from kvscope.validation import describe, read_yaml
 
-Bytes = Annotated[int, BeforeValidator(parse_size)]
-BytesPerSecond = Annotated[float, BeforeValidator(parse_bandwidth)]
+# Sizes, bandwidths and durations are written as strings with units or as plain numbers: their JSON Schema (the
+# OpenAPI document's) says both, and the unit rules are in docs/design.md, 'Units'.
+_SIZE_INPUT = {
+    "anyOf": [
+        {"type": "integer", "minimum": 0, "description": "bytes"},
+        {"type": "string", "description": "a size with its unit (kB, MB, GB, TB, KiB, MiB, GiB, TiB, ...)",
+         "examples": ["50GiB", "46.09TB"]},
+    ]
+}  # fmt: skip
+_BANDWIDTH_INPUT = {
+    "anyOf": [
+        {"type": "number", "minimum": 1, "description": "bytes per second"},
+        {"type": "string", "description": "a rate in bits or bytes per second", "examples": ["400Gb/s", "50GB/s"]},
+    ]
+}
+_DURATION_INPUT = {
+    "anyOf": [
+        {"type": "number", "minimum": 0, "description": "seconds"},
+        {"type": "string", "description": "a duration with its unit (ms, s, m, h, d)", "examples": ["50ms", "2s"]},
+    ]
+}
+Bytes = Annotated[int, BeforeValidator(parse_size), WithJsonSchema(_SIZE_INPUT, mode="validation")]
+BytesPerSecond = Annotated[float, BeforeValidator(parse_bandwidth), WithJsonSchema(_BANDWIDTH_INPUT, mode="validation")]
 
 
 def _seconds(value: object) -> object:
@@ -37,7 +59,7 @@ def _seconds(value: object) -> object:
     return 0.0 if value in (0, "0") else parse_duration(value)  # type: ignore[arg-type]
 
 
-Seconds = Annotated[float, BeforeValidator(_seconds)]
+Seconds = Annotated[float, BeforeValidator(_seconds), WithJsonSchema(_DURATION_INPUT, mode="validation")]
 # Arm and scenario names become file names (an arm's file-backed tiers), run names and metric labels: letters,
 # digits, "_" and "-" only (no path separator, no dot, no quote or newline), as short as a label should be.
 ARM_NAME, SCENARIO_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,62}"), re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,126}")
@@ -175,8 +197,8 @@ class KvGeometry(_Strict):
 class TierSpec(_Strict):
     name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
     capacity: Bytes = Field(gt=0)
-    policy: str = "lru"
-    backend: str = "accounting"
+    policy: str = Field("lru", json_schema_extra={"enum": list(POLICIES)})
+    backend: str = Field("accounting", json_schema_extra={"enum": list(BACKENDS)})
     path: Path | None = Field(None, description="file backend: the file that holds the tier's bytes")
     o_direct: bool = False
     read_bandwidth: BytesPerSecond | None = Field(None, description="bandwidth from engine to tier, e.g. 400Gb/s")

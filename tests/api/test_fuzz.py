@@ -142,3 +142,16 @@ def test_no_ab_the_fuzz_run_started_failed(client):
         pytest.skip("the fuzz run started no A/B in this session")
     failed = {test["id"]: test["error"] for test in tests if test["status"] == "failed"}
     assert not failed
+
+
+def test_the_scenario_schema_types_sizes_as_written_and_names_the_choices():
+    """Sizes, bandwidths and durations are accepted as strings with units or as numbers; policies and backends are
+    enums: the document says so, so a client generated from it can send "50GiB"."""
+    components = schema.raw_schema["components"]["schemas"]
+    tier = components["TierSpec"]["properties"]
+    assert {alternative["type"] for alternative in tier["capacity"]["anyOf"]} == {"integer", "string"}
+    assert {alternative["type"] for alternative in tier["read_bandwidth"]["anyOf"]} == {"number", "string", "null"}
+    assert tier["policy"]["enum"] == ["lru", "fifo", "tail_first", "mooncake", "lmcache"]
+    assert tier["backend"]["enum"] == ["accounting", "memory", "file"]
+    lease = components["MooncakeSettings"]["properties"]["lease_ttl"]
+    assert {alternative["type"] for alternative in lease["anyOf"]} == {"number", "string"}
