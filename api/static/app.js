@@ -125,14 +125,15 @@
     return totals;
   }
 
+  /** A colour per tier name, in the arms' tier order (top tier first), then any other tier a row names. */
   function tierColors(detail) {
     const colors = {};
+    const add = (tier) => {
+      if (!(tier in colors)) colors[tier] = TIER_COLORS[Object.keys(colors).length % TIER_COLORS.length];
+    };
+    for (const arm of Object.values(detail.arms || {})) (arm.tiers || []).forEach((tier) => add(tier.name));
     for (const arm of Object.values(detail.arms || {})) {
-      for (const row of arm.rows || []) {
-        for (const tier of Object.keys(row.written_bytes || {})) {
-          if (!(tier in colors)) colors[tier] = TIER_COLORS[Object.keys(colors).length % TIER_COLORS.length];
-        }
-      }
+      for (const row of arm.rows || []) Object.keys(row.written_bytes || {}).forEach(add);
     }
     return colors;
   }
@@ -490,9 +491,8 @@
     error.textContent = detail.error || "";
 
     const colors = armColors(detail);
-    drawHitChart(detail, colors);
-    drawBytesCharts(detail, colors);
-    drawArmCards(detail, colors);
+    drawCharts(detail);
+    drawArmCards(detail, colors, armShapes(detail));
     if (detail.verdicts && detail.verdicts.length) {
       fill("ab-verdicts", verdictTable(detail.verdicts, false, "ab-verdicts-title"));
     } else {
@@ -502,6 +502,70 @@
   }
 
   // ------------------------------------------------------------------------------------------------ charts
+  // Charts are drawn in CSS pixels at the width of their box (the SVG's viewBox is its size: nothing scales
+  // them, so their text is the style sheet's 11-12 px at any window width); a change of width redraws them.
+
+  let chartsWidth = null; // the detail panel's width the charts were drawn at
+
+  function drawCharts(detail) {
+    chartsWidth = byId("ab-detail").clientWidth;
+    const colors = armColors(detail);
+    drawHitChart(detail, colors, armShapes(detail));
+    drawBytesCharts(detail, colors);
+  }
+
+  let resizing = false;
+  new ResizeObserver(() => {
+    if (resizing) return;
+    resizing = true;
+    requestAnimationFrame(() => {
+      resizing = false;
+      const detail = state.details[state.selected];
+      if (detail && rendered.detail && byId("ab-detail").clientWidth !== chartsWidth) drawCharts(detail);
+    });
+  }).observe(byId("ab-detail"));
+
+  const SHAPES = ["circle", "square", "triangle", "diamond", "triangle-down", "cross"];
+
+  /** An SVG path of a point marker of `shape` centred on (x, y), about 2s across. */
+  function markerPath(shape, x, y, s) {
+    const f = (n) => n.toFixed(1);
+    const polygon = (points) => `M${points.map(([px, py]) => `${f(x + px * s)},${f(y + py * s)}`).join("L")}Z`;
+    switch (shape) {
+      case "square":
+        return polygon([[-0.9, -0.9], [0.9, -0.9], [0.9, 0.9], [-0.9, 0.9]]);
+      case "triangle":
+        return polygon([[0, -1.25], [1.15, 0.85], [-1.15, 0.85]]);
+      case "triangle-down":
+        return polygon([[0, 1.25], [1.15, -0.85], [-1.15, -0.85]]);
+      case "diamond":
+        return polygon([[0, -1.3], [1.3, 0], [0, 1.3], [-1.3, 0]]);
+      case "cross": {
+        const a = 0.38;
+        const b = 1.15;
+        const arm = [[-a, -b], [a, -b], [a, -a], [b, -a], [b, a], [a, a]];
+        return polygon([...arm, ...arm.map(([px, py]) => [-px, -py])]);
+      }
+      default:
+        return `M${f(x - s)},${f(y)}a${f(s)},${f(s)} 0 1,0 ${f(2 * s)},0a${f(s)},${f(s)} 0 1,0 ${f(-2 * s)},0Z`;
+    }
+  }
+
+  function armShapes(detail) {
+    const shapes = {};
+    Object.keys(detail.arms || {}).forEach((name, i) => (shapes[name] = SHAPES[i % SHAPES.length]));
+    return shapes;
+  }
+
+  /** Line widths by drawing order: the first arm's line is the widest, each next one narrower and drawn over it,
+   * so where curves coincide each still shows as a band of its colour. */
+  function lineWidths(count) {
+    const step = count <= 3 ? 3 : count <= 6 ? 2 : 1;
+    return Array.from({ length: count }, (_, i) => 2 + step * (count - 1 - i));
+  }
+
+  /** The width of a chart's box in CSS px (a hidden box: a default). */
+  const boxWidth = (node, fallback) => Math.floor(node.clientWidth) || fallback;
 
   function frame(width, height, margin, titleText, descText, idPrefix) {
     const titleId = `${idPrefix}-title`;
@@ -509,10 +573,11 @@
     const root = svg(
       "svg",
       {
+        width,
+        height,
         viewBox: `0 0 ${width} ${height}`,
         role: "img",
         "aria-labelledby": `${titleId} ${descId}`,
-        preserveAspectRatio: "xMidYMid meet",
       },
       svg("title", { id: titleId, text: titleText }),
       svg("desc", { id: descId, text: descText }),
@@ -523,6 +588,7 @@
   /** Round numbers to label on an axis: every round when they fit, else multiples of a nice step (and round 1
    * when that leaves room). */
   function roundTicks(rounds, fit) {
+    fit = Math.max(2, fit);
     if (rounds <= fit) return Array.from({ length: rounds }, (_, i) => i + 1);
     const step = niceStep(rounds, fit);
     const ticks = step >= 4 ? [1] : [];
@@ -530,12 +596,56 @@
     return ticks;
   }
 
-  function drawHitChart(detail, colors) {
+  /** The horizontal offsets of the points of one round: arms whose points would cover each other (closer than
+   * `near` px) are spread side by side, `gap` px apart; the others stay on their round. */
+  function dodge(points, near, gap) {
+    const offsets = new Map();
+    const sorted = [...points].sort((a, b) => a.y - b.y || a.index - b.index);
+    let cluster = [];
+    const flush = () => {
+      cluster.sort((a, b) => a.index - b.index);
+      cluster.forEach((p, j) => offsets.set(p.index, (j - (cluster.length - 1) / 2) * gap));
+      cluster = [];
+    };
+    for (const p of sorted) {
+      if (cluster.length && p.y - cluster[cluster.length - 1].y >= near) flush();
+      cluster.push(p);
+    }
+    flush();
+    return offsets;
+  }
+
+  function drawHitChart(detail, colors, shapes) {
     const arms = Object.entries(detail.arms || {});
     const rounds = Math.max(2, detail.rounds || 0);
-    const margin = { left: 52, right: 18, top: 26, bottom: 38 };
-    const width = 900;
-    const height = 300;
+    const width = Math.max(280, boxWidth(byId("ab-chart"), 800));
+    const height = width < 560 ? 250 : 300;
+
+    // predicted collapse rounds: a dotted vertical line per round the planner expects arms to collapse in, its
+    // label on a row of its own when it would run into another's
+    const predictedArms = new Map();
+    for (const [name, arm] of arms) {
+      const predicted = arm.prediction && arm.prediction.collapse_round;
+      if (predicted) predictedArms.set(predicted, [...(predictedArms.get(predicted) || []), name]);
+    }
+    const labelRows = [];
+    const labels = [...predictedArms].sort((a, b) => a[0] - b[0]);
+    const margin = { left: 54, right: 18, top: 26, bottom: 40 };
+    const plotW0 = width - margin.left - margin.right;
+    const xOf = (r) => margin.left + ((r - 1) / (rounds - 1)) * plotW0;
+    const placed = labels.map(([predicted, names]) => {
+      const text = `predicted collapse, round ${predicted}: ${names.join(", ")}`;
+      const at = xOf(predicted);
+      const w = text.length * 6.3 + 6;
+      const end = at + 4 + w > width - 2; // no room on the right: the label ends at the line
+      const from = end ? at - 4 - w : at + 4;
+      let row = labelRows.findIndex((right) => right < from);
+      if (row < 0) row = labelRows.push(-Infinity) - 1;
+      labelRows[row] = from + w + 8;
+      return { predicted, names, text, at, end, row };
+    });
+    margin.top += 15 * Math.max(0, labelRows.length - 1);
+
     const description = arms
       .map(([name, arm]) => {
         const last = (arm.rows || []).at(-1);
@@ -547,9 +657,11 @@
       })
       .join("; ");
     const title = `Hit ratio per round, ${detail.id}`;
-    const { root, plotW, plotH } = frame(width, height, margin, title, description, "hit");
+    const fullHeight = height + 15 * Math.max(0, labelRows.length - 1);
+    const { root, plotW, plotH } = frame(width, fullHeight, margin, title, description, "hit");
     const x = (r) => margin.left + ((r - 1) / (rounds - 1)) * plotW;
     const y = (v) => margin.top + (1 - Math.max(0, Math.min(1, v))) * plotH;
+    const bottom = margin.top + plotH;
 
     const grid = svg("g", { class: "grid" });
     const axis = svg("g", { class: "axis" });
@@ -558,60 +670,74 @@
       const label = `${Math.round(v * 100)}%`;
       axis.append(svg("text", { x: margin.left - 8, y: y(v) + 4, "text-anchor": "end", text: label }));
     }
-    for (const r of roundTicks(rounds, 25)) {
-      axis.append(svg("text", { x: x(r), y: margin.top + plotH + 16, "text-anchor": "middle", text: r }));
+    for (const r of roundTicks(rounds, Math.floor(plotW / 34))) {
+      axis.append(svg("text", { x: x(r), y: bottom + 17, "text-anchor": "middle", text: r }));
     }
     axis.append(
-      svg("line", { x1: margin.left, x2: margin.left + plotW, y1: margin.top + plotH, y2: margin.top + plotH }),
-      svg("text", { x: margin.left + plotW / 2, y: height - 4, "text-anchor": "middle", text: "round" }),
+      svg("line", { x1: margin.left, x2: margin.left + plotW, y1: bottom, y2: bottom }),
+      svg("text", { x: margin.left + plotW / 2, y: bottom + 35, "text-anchor": "middle", text: "round" }),
       svg("text", {
         x: 0,
         y: 0,
-        transform: `translate(13 ${margin.top + plotH / 2}) rotate(-90)`,
+        transform: `translate(14 ${margin.top + plotH / 2}) rotate(-90)`,
         "text-anchor": "middle",
         text: "hit ratio",
       }),
     );
     root.append(grid, axis);
 
-    // predicted collapse rounds: a dotted vertical line per round the planner expects an arm to collapse in
-    const predictedArms = new Map();
-    for (const [name, arm] of arms) {
-      const predicted = arm.prediction && arm.prediction.collapse_round;
-      if (predicted) predictedArms.set(predicted, [...(predictedArms.get(predicted) || []), name]);
-    }
     const markers = svg("g", { class: "markers" });
-    for (const [predicted, names] of predictedArms) {
-      const at = x(predicted);
-      const right = at > margin.left + plotW * 0.6; // label on the side with room
+    for (const label of placed) {
+      const at = x(label.predicted);
       markers.append(
         svg(
           "line",
           {
             class: "marker-line predicted",
-            "data-arms": names.join(" "),
+            "data-arms": label.names.join(" "),
             x1: at,
             x2: at,
             y1: margin.top,
-            y2: margin.top + plotH,
-            style: { stroke: names.length === 1 ? colors[names[0]] : "var(--muted)" },
+            y2: bottom,
+            style: { stroke: label.names.length === 1 ? colors[label.names[0]] : "var(--muted)" },
           },
-          svg("title", { text: `the planner predicts ${names.join(", ")} collapse(s) at round ${predicted}` }),
+          svg("title", {
+            text: `the planner predicts ${label.names.join(", ")} collapse(s) at round ${label.predicted}`,
+          }),
         ),
         svg("text", {
           class: "marker-label",
-          x: right ? at - 4 : at + 4,
-          y: margin.top - 6,
-          "text-anchor": right ? "end" : "start",
-          text: `collapse predicted at round ${predicted}: ${names.join(", ")}`,
+          x: label.end ? at - 4 : at + 4,
+          y: 14 + 15 * label.row,
+          "text-anchor": label.end ? "end" : "start",
+          text: label.text,
         }),
       );
     }
     root.append(markers);
 
-    for (const [name, arm] of arms) {
+    // each arm: its line (under the ideal), then its points in its own shape (over it); points that would cover
+    // another arm's are spread side by side
+    const widths = lineWidths(arms.length);
+    const spacing = plotW / (rounds - 1);
+    const size = spacing >= 14 ? 4.2 : spacing >= 7 ? 3 : 2;
+    const stride = Math.max(1, Math.ceil(5 / spacing)); // a point every `stride` rounds on a dense chart
+    const offsets = new Map(); // round -> Map(arm index -> dx)
+    const byRound = new Map();
+    arms.forEach(([, arm], index) => {
+      for (const row of arm.rows || []) {
+        if (!byRound.has(row.round)) byRound.set(row.round, []);
+        byRound.get(row.round).push({ index, y: y(row.hit_ratio) });
+      }
+    });
+    const gap = Math.min(2 * size + 2.5, (spacing * 0.8) / Math.max(1, arms.length - 1));
+    for (const [r, points] of byRound) offsets.set(r, dodge(points, 2 * size + 1, gap));
+
+    const pointGroups = [];
+    arms.forEach(([name, arm], index) => {
       const rows = arm.rows || [];
       const group = svg("g", { class: "arm", "data-arm": name });
+      const points = svg("g", { class: "arm-points", "data-arm": name });
       group.append(
         svg(
           "polyline",
@@ -619,6 +745,7 @@
             class: "hit-line",
             "data-arm": name,
             stroke: colors[name],
+            "stroke-width": widths[index],
             points: rows.map((r) => `${x(r.round).toFixed(1)},${y(r.hit_ratio).toFixed(1)}`).join(" "),
           },
           svg("title", { text: `${name}: hit ratio per round` }),
@@ -626,14 +753,16 @@
       );
       for (const row of rows) {
         const collapsed = row.round === arm.observed_collapse_round;
-        group.append(
+        if (!collapsed && (row.round - 1) % stride !== 0) continue;
+        const dx = (offsets.get(row.round) && offsets.get(row.round).get(index)) || 0;
+        points.append(
           svg(
-            "circle",
+            "path",
             {
               class: collapsed ? "point collapse" : "point",
-              cx: x(row.round).toFixed(1),
-              cy: y(row.hit_ratio).toFixed(1),
-              r: collapsed ? 5.5 : rows.length > 60 ? 1.5 : 3,
+              "data-round": row.round,
+              "data-shape": shapes[name],
+              d: markerPath(shapes[name], x(row.round) + dx, y(row.hit_ratio), collapsed ? size * 1.7 : size),
               fill: colors[name],
             },
             svg("title", {
@@ -646,9 +775,11 @@
         );
       }
       root.append(group);
-    }
-    // the ideal, drawn over the arms' lines (an arm that tracks it would hide it): one neutral dashed line when
-    // every arm has the same ideal, else one dashed line per arm in its colour
+      pointGroups.push(points);
+    });
+
+    // the ideal, drawn over every arm's line (an arm that tracks it would hide it), under their points: dark dashes
+    // on a light casing. One line when every arm has the same ideal, else one per arm, its casing in the arm's colour
     const ideals = arms.map(([name, arm]) => [name, (arm.rows || []).map((r) => [r.round, r.ideal_hit_ratio])]);
     const union = new Map();
     let shared = true; // compared on the rounds both arms have: a running arm may be a round behind
@@ -662,50 +793,77 @@
     const drawn = shared ? [["", [...union].sort((a, b) => a[0] - b[0])]] : ideals;
     for (const [name, points] of drawn) {
       if (!points.length) continue;
+      const at = points.map(([r, v]) => `${x(r).toFixed(1)},${y(v).toFixed(1)}`).join(" ");
       idealGroup.append(
+        svg("polyline", {
+          class: "ideal-casing",
+          points: at,
+          "data-arm": shared ? null : name,
+          style: { stroke: shared ? "var(--panel)" : colors[name] },
+        }),
         svg(
           "polyline",
-          {
-            class: "ideal-line",
-            "data-arm": shared ? null : name,
-            points: points.map(([r, v]) => `${x(r).toFixed(1)},${y(v).toFixed(1)}`).join(" "),
-            style: { stroke: shared ? "var(--ideal)" : colors[name] },
-          },
-          svg("title", { text: shared ? "ideal hit ratio (every arm)" : `${name}: ideal hit ratio` }),
+          { class: "ideal-line", "data-arm": shared ? null : name, points: at },
+          svg("title", {
+            text: `${shared ? "every arm" : name}: ideal hit ratio (an infinite cache)`,
+          }),
         ),
       );
     }
-    root.append(idealGroup);
+    root.append(idealGroup, ...pointGroups);
     fill("ab-chart", root);
 
-    const legend = arms.map(([name]) => legendItem(name, colors[name], "solid"));
-    if (shared) legend.push(legendItem("ideal (planner), every arm", "var(--ideal)", "dashed"));
-    else legend.push(...arms.map(([name]) => legendItem(`${name} ideal`, colors[name], "dashed")));
-    if (arms.some(([, arm]) => arm.prediction && arm.prediction.collapse_round)) {
-      legend.push(legendItem("predicted collapse", "var(--muted)", "dotted"));
+    const legend = arms.map(([name], index) =>
+      legendItem(name, { series: "arm", arm: name, color: colors[name], shape: shapes[name], width: widths[index] }),
+    );
+    if (shared) legend.push(legendItem("ideal: an infinite cache's hit ratio, every arm", { series: "ideal" }));
+    else {
+      legend.push(
+        ...arms.map(([name]) => legendItem(`${name}: ideal`, { series: "ideal", arm: name, casing: colors[name] })),
+      );
     }
+    if (placed.length) legend.push(legendItem("predicted collapse (planner)", { series: "predicted" }));
     if (arms.some(([, arm]) => arm.observed_collapse_round)) {
-      legend.push(legendItem("observed collapse (first round below tolerance)", "var(--muted)", "dot"));
+      const text = "observed collapse: first round below the tolerance (large marker)";
+      legend.push(legendItem(text, { series: "observed" }));
     }
     fill("ab-chart-legend", legend);
   }
 
-  function legendItem(text, color, kind) {
-    const mark =
-      kind === "dot"
-        ? svg("circle", { cx: 13, cy: 5, r: 4.5, style: { fill: color } })
-        : kind === "box"
-          ? svg("rect", { x: 6, y: 0, width: 14, height: 10, style: { fill: color } })
-          : svg("line", {
-              x1: 0,
-              x2: 26,
-              y1: 5,
-              y2: 5,
-              style: { stroke: color },
-              "stroke-width": kind === "solid" ? 2.5 : 1.5,
-              "stroke-dasharray": kind === "dashed" ? "6 4" : kind === "dotted" ? "2 3" : null,
-            });
-    return el("li", {}, svg("svg", { viewBox: "0 0 26 10", "aria-hidden": "true" }, mark), el("span", { text }));
+  /** A legend entry: a short sample of the series (line, marker, dashes or box) and its name. */
+  function legendItem(text, { series, arm, color, shape, width, casing }) {
+    let marks;
+    if (series === "arm") {
+      marks = [
+        svg("line", { x1: 0, x2: 30, y1: 7, y2: 7, stroke: color, "stroke-width": Math.min(width, 5) }),
+        svg("path", { class: "point", d: markerPath(shape, 15, 7, 3.6), fill: color }),
+      ];
+    } else if (series === "ideal") {
+      marks = [
+        svg("line", {
+          class: "ideal-casing",
+          x1: 0,
+          x2: 30,
+          y1: 7,
+          y2: 7,
+          style: { stroke: casing || "var(--panel)" },
+        }),
+        svg("line", { class: "ideal-line", x1: 0, x2: 30, y1: 7, y2: 7 }),
+      ];
+    } else if (series === "predicted") {
+      marks = [svg("line", { class: "marker-line", x1: 15, x2: 15, y1: 0, y2: 14, style: { stroke: "var(--muted)" } })];
+    } else if (series === "observed") {
+      const d = markerPath("circle", 15, 7, 5);
+      marks = [svg("path", { class: "point collapse", d, style: { fill: "var(--muted)" } })];
+    } else {
+      marks = [svg("rect", { x: 8, y: 1, width: 14, height: 12, rx: 2, style: { fill: color } })];
+    }
+    return el(
+      "li",
+      { "data-series": series, "data-arm": arm, "data-shape": shape },
+      svg("svg", { width: 30, height: 14, viewBox: "0 0 30 14", "aria-hidden": "true" }, marks),
+      el("span", { text }),
+    );
   }
 
   function drawBytesCharts(detail, colors) {
@@ -719,11 +877,14 @@
     const step = unitStep * 1000 ** unit;
     const digits = Math.max(0, -Math.floor(Math.log10(unitStep) + 1e-9));
     const max = Math.ceil(top / step) * step;
-    const margin = { left: 62, right: 10, top: 24, bottom: 30 };
-    const width = 440;
-    const height = 210;
+    const margin = { left: 66, right: 12, top: 26, bottom: 36 };
+    const height = 220;
 
-    const charts = arms.map(([name, arm], index) => {
+    // one cell per arm (the style sheet lays them out), then each chart drawn at its cell's width
+    const cells = arms.map(([name]) => el("div", { class: "bytes-cell", "data-arm": name }));
+    fill("bytes-chart", cells);
+    arms.forEach(([name, arm], index) => {
+      const width = Math.max(240, boxWidth(cells[index], 440));
       const rows = arm.rows || [];
       const written = totalsByTier(rows, "written_bytes");
       const summary = Object.entries(written)
@@ -735,6 +896,7 @@
       setAttrs(root, { class: "bytes-svg", "data-arm": name });
       const band = plotW / rounds;
       const y = (v) => margin.top + (1 - v / max) * plotH;
+      const bottom = margin.top + plotH;
       const grid = svg("g", { class: "grid" });
       const axis = svg("g", { class: "axis" });
       for (let v = 0; v <= max * 1.0001; v += step) {
@@ -742,22 +904,22 @@
         const label = v ? fmtBytes(v, unit, digits) : "0";
         axis.append(svg("text", { x: margin.left - 6, y: y(v) + 4, "text-anchor": "end", text: label }));
       }
-      for (const r of roundTicks(rounds, 12)) {
-        const at = { x: margin.left + (r - 0.5) * band, y: margin.top + plotH + 14 };
+      for (const r of roundTicks(rounds, Math.floor(plotW / 30))) {
+        const at = { x: margin.left + (r - 0.5) * band, y: bottom + 16 };
         axis.append(svg("text", { ...at, "text-anchor": "middle", text: r }));
       }
       axis.append(
-        svg("line", { x1: margin.left, x2: margin.left + plotW, y1: margin.top + plotH, y2: margin.top + plotH }),
-        svg("text", { x: margin.left + plotW / 2, y: height - 2, "text-anchor": "middle", text: "round" }),
+        svg("line", { x1: margin.left, x2: margin.left + plotW, y1: bottom, y2: bottom }),
+        svg("text", { x: margin.left + plotW / 2, y: bottom + 32, "text-anchor": "middle", text: "round" }),
       );
       root.append(
         grid,
         axis,
-        svg("rect", { x: margin.left, y: 4, width: 10, height: 10, rx: 2, fill: colors[name] }),
+        svg("rect", { x: margin.left, y: 5, width: 11, height: 11, rx: 2, fill: colors[name] }),
         svg("text", {
           class: "chart-title",
-          x: margin.left + 16,
-          y: 13,
+          x: margin.left + 17,
+          y: 15,
           text: `${name} · written ${fmtBytes(sum(Object.values(written)))}`,
         }),
       );
@@ -787,16 +949,15 @@
         }
       }
       root.append(bars);
-      return root;
+      cells[index].append(root);
     });
-    fill("bytes-chart", charts);
     fill(
       "bytes-chart-legend",
-      Object.entries(tiers).map(([tier, color]) => legendItem(`tier ${tier}`, color, "box")),
+      Object.entries(tiers).map(([tier, color]) => legendItem(`tier ${tier}`, { series: "tier", color })),
     );
   }
 
-  function drawArmCards(detail, colors) {
+  function drawArmCards(detail, colors, shapes) {
     const cards = Object.entries(detail.arms || {}).map(([name, arm]) => {
       const rows = arm.rows || [];
       const last = rows.at(-1);
