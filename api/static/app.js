@@ -82,6 +82,23 @@
     return `${value.toFixed(digits)} ${BYTE_UNITS[index]}`;
   }
 
+  const BINARY_UNITS = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+  const trimmed = (value, digits) => String(Number(value.toFixed(digits)));
+
+  /** A size (a tier's capacity): in binary units when it is a whole number of hundredths of one (50 GiB,
+   * 1.5 GiB, 64 MiB), else in decimal units to four significant digits (46.09 TB, 429.5 GB). */
+  function fmtSize(n) {
+    if (!Number.isFinite(n)) return "–";
+    if (Math.abs(n) < 1000) return `${n} B`;
+    let k = 0;
+    while (k < BINARY_UNITS.length - 1 && Math.abs(n) >= 1024 ** (k + 1)) k += 1;
+    if (k && Number.isSafeInteger(n) && (BigInt(n) * 100n) % 1024n ** BigInt(k) === 0n) {
+      return `${trimmed(n / 1024 ** k, 2)} ${BINARY_UNITS[k]}`;
+    }
+    const index = byteUnit(n);
+    return `${String(Number((n / 1000 ** index).toPrecision(4)))} ${BYTE_UNITS[index]}`;
+  }
+
   const fmtPct = (x) => (Number.isFinite(x) ? `${(x * 100).toFixed(1)}%` : "–");
   const fmtInt = (n) => (Number.isFinite(n) ? Math.round(n).toLocaleString("en-US") : "–");
   // times in UTC, as the service's logs and Prometheus show them
@@ -428,7 +445,7 @@
       { class: "labels" },
       passed ? badge("pass", `${passed} pass`) : null,
       failed ? badge("fail", `${failed} fail`) : null,
-      errors ? badge("", `${errors} error`) : null,
+      errors ? badge("unjudged", `${errors} not judged`) : null,
     );
   }
 
@@ -979,10 +996,16 @@
         ["TTFT mean, last round", last && last.ttft_s ? `${last.ttft_s.mean.toFixed(2)} s` : "–"],
         ...Object.entries(evictions).map(([tier, n]) => [`evictions, ${tier}`, fmtInt(n)]),
       ];
+      const mark = svg(
+        "svg",
+        { class: "swatch", width: 14, height: 14, viewBox: "0 0 14 14", "aria-hidden": "true" },
+        svg("path", { class: "point", d: markerPath(shapes[name], 7, 7, 4.2), fill: colors[name] }),
+      );
       return el(
         "div",
         { class: "card", "data-arm": name },
-        el("h4", {}, el("span", { class: "swatch", style: { background: colors[name] }, "aria-hidden": "true" }), name),
+        el("h4", {}, mark, name),
+        tierList(name, arm.tiers || []),
         el(
           "dl",
           {},
@@ -996,37 +1019,125 @@
     fill("arm-cards", cards);
   }
 
+  /** An arm's tiers, top first: name, capacity (its exact bytes on hover), eviction policy, backend. */
+  function tierList(arm, tiers) {
+    if (!tiers.length) return el("p", { class: "empty", text: "tiers: not reported" });
+    const head = el(
+      "li",
+      { class: "tiers-head", "aria-hidden": "true" },
+      ["tier", "capacity", "policy", "backend"].map((h) => el("span", { text: h })),
+    );
+    const lines = tiers.map((tier) =>
+      el(
+        "li",
+        { class: "tier", "data-tier": tier.name },
+        el("span", { class: "tier-name", text: tier.name }),
+        el("span", {
+          class: "tier-capacity",
+          title: Number.isFinite(tier.capacity) ? `${fmtInt(tier.capacity)} B` : null,
+          text: fmtSize(tier.capacity),
+        }),
+        el("span", { class: "tier-policy", text: tier.policy || "–" }),
+        el("span", { class: "tier-backend", text: tier.backend || "–" }),
+      ),
+    );
+    return el("ul", { class: "tiers", "aria-label": `tiers of ${arm}, top first` }, head, lines);
+  }
+
   // ---------------------------------------------------------------------------------------------- verdicts
 
+  // passed: true, false, or null when the criterion could not be judged (its `error` says why)
   const OUTCOMES = { true: ["pass", "PASS"], false: ["fail", "FAIL"] };
+  const outcome = (v) => OUTCOMES[v.passed] || ["unjudged", "NOT JUDGED"];
+
+  /** A threshold's entries as `name = value` (lists joined by commas). */
+  function fmtThreshold(threshold) {
+    const entries = Object.entries(threshold || {});
+    if (!entries.length) return "–";
+    return entries
+      .map(([key, value]) => {
+        if (Array.isArray(value)) return `${key} = ${value.join(", ")}`;
+        return `${key} = ${value && typeof value === "object" ? JSON.stringify(value) : String(value)}`;
+      })
+      .join("; ");
+  }
+
+  /** What the A/B details the page holds say of each verdict (its description and threshold), by verdict id. */
+  function knownVerdicts() {
+    const known = new Map();
+    for (const detail of Object.values(state.details)) {
+      for (const v of detail.verdicts || []) {
+        if (v.verdict_id !== null && v.verdict_id !== undefined) known.set(v.verdict_id, v);
+      }
+    }
+    return known;
+  }
 
   function verdictTable(verdicts, withRuns, titleId) {
-    const head = ["Criterion", "Result", "Summary", withRuns ? "Runs" : null, "Digest", "Evidence"];
-    const rows = verdicts.map((v) => {
-      const [kind, word] = OUTCOMES[v.passed] || ["error", "ERROR"];
+    const head = ["Result", "Criterion: what it checks", "Measured, against the threshold"];
+    head.push(...(withRuns ? ["Runs"] : []), "Evidence");
+    const known = withRuns ? knownVerdicts() : new Map();
+    const rows = verdicts.map((listed) => {
+      const v = { ...(known.get(listed.verdict_id) || {}), ...listed };
+      const [kind, word] = outcome(v);
       const id = v.verdict_id;
-      const links =
+      const digest = v.digest ? String(v.digest) : null;
+      const evidence =
         id === null || id === undefined
           ? "–"
-          : el(
-              "span",
-              { class: "verdict-links" },
-              el("a", { href: verdictHref(id), title: `evidence of verdict ${id} (JSON)`, text: `#${id} evidence` }),
-              el("a", { href: `${verdictHref(id)}/bundle`, title: `evidence bundle of verdict ${id}`, text: "bundle" }),
-            );
-      const digest = v.digest ? String(v.digest) : null;
+          : [
+              el(
+                "span",
+                { class: "verdict-links" },
+                el("a", { href: verdictHref(id), title: `evidence of verdict ${id} (JSON)`, text: `#${id} evidence` }),
+                el("a", { href: `${verdictHref(id)}/bundle`, title: `evidence bundle of verdict ${id}`, text: "bundle" }),
+              ),
+              digest
+                ? el("div", { class: "mono digest", title: `digest ${digest}`, text: `${digest.slice(0, 12)}…` })
+                : null,
+            ];
+      const description =
+        v.description ||
+        (v.kind ? `a ${v.kind} criterion (no description recorded)` : "no description recorded for this criterion");
+      const threshold = v.threshold ? fmtThreshold(v.threshold) : null;
       return el(
         "tr",
-        { class: `verdict ${kind}`, "data-verdict": id },
-        el("td", {}, el("span", { class: "mono", text: v.criterion || "–" })),
-        el("td", {}, badge(kind, word)),
-        el("td", { text: v.summary || v.error || "" }),
+        { class: `verdict ${kind}`, "data-verdict": id, "data-criterion": v.criterion },
+        el("td", {}, el("span", { class: `badge verdict-outcome ${kind}`, text: word })),
+        el(
+          "td",
+          {},
+          el("div", { class: "mono criterion", text: v.criterion || "–" }),
+          el("div", { class: `verdict-description${v.description ? "" : " missing"}`, text: description }),
+        ),
+        el(
+          "td",
+          {},
+          el(
+            "div",
+            {},
+            el("span", { class: "verdict-label", text: kind === "unjudged" ? "why: " : "measured: " }),
+            el("span", { class: "verdict-summary", text: v.summary || v.error || "–" }),
+          ),
+          threshold
+            ? el(
+                "div",
+                {},
+                el("span", { class: "verdict-label", text: "threshold: " }),
+                el("span", { class: "verdict-threshold", text: threshold }),
+              )
+            : null,
+        ),
         withRuns ? el("td", { text: runsOf(v.runs) }) : null,
-        el("td", { class: "mono digest", title: digest, text: digest ? `${digest.slice(0, 12)}…` : "–" }),
-        el("td", {}, links),
+        el("td", {}, evidence),
       );
     });
-    return el("table", { "aria-describedby": titleId }, headRow(head.filter(Boolean)), el("tbody", {}, rows));
+    return el(
+      "table",
+      { class: "verdicts", "aria-describedby": titleId },
+      headRow(head.filter(Boolean)),
+      el("tbody", {}, rows),
+    );
   }
 
   /** A verdict's runs, whether the API gives a list, a {role: run} object or a string. */
