@@ -62,6 +62,12 @@ class TelemetryBridge:
             description="scrapes that failed",
         )
         meter.create_observable_counter(
+            "kvscope.source.read_errors",
+            [self._observe_read_errors],
+            unit="{read}",
+            description="parts of a target (files, RPC answers) a scrape could not read, by reason",
+        )
+        meter.create_observable_counter(
             "kvscope.source.resets",
             [partial(self._observe_targets, lambda state: state.reset_count)],
             unit="{reset}",
@@ -96,6 +102,11 @@ class TelemetryBridge:
         """One observation per target of `read(state)`: up, last duration, errors, resets."""
         for name, state in self.scraper.states.items():
             yield Observation(read(state), {"target": name, "source": state.config.source})
+
+    def _observe_read_errors(self, _options: CallbackOptions) -> Iterable[Observation]:
+        for name, state in self.scraper.states.items():
+            for reason, count in state.read_errors.items():
+                yield Observation(count, {"target": name, "source": state.config.source, "reason": reason})
 
 
 def _otlp_reader(config: OtlpConfig) -> PeriodicExportingMetricReader:

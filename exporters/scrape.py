@@ -3,19 +3,22 @@
 A dead, slow or garbage-speaking target marks itself down and counts an error; it never stalls or crashes the
 others. Each successful scrape is normalized with the source's mapping and replaces the target's snapshot, which
 is all the OpenTelemetry callbacks ever read. A counter that goes backwards is a reset (a restarted vLLM or
-Mooncake): it is counted and reported, and consumers take increases the way Prometheus' increase() does.
+Mooncake): it is counted and reported, and consumers take increases the way Prometheus' increase() does. A part
+of a target that could not be read (exporters.base.ReadError) is counted per reason, and logged when it starts
+failing and when it reads again, not at every scrape.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kvscope.exporters.base import CollectError, Collector, TargetConfig, collectors
+from kvscope.exporters.base import CollectError, Collector, ReadError, TargetConfig, collectors
 from kvscope.exporters.normalizer import Mapping, mapping_for
 from kvscope.samples import Labels, Sample
 
@@ -46,6 +49,11 @@ class TargetState:
     reset_count: int = 0
     recent_resets: deque[CounterReset] = field(default_factory=lambda: deque(maxlen=100))
     counters: dict[tuple[str, Labels], float] = field(default_factory=dict)  # the last scrape's, for resets
+    read_errors: Counter[str] = field(default_factory=Counter)  # by reason, since the start
+    failing: dict[tuple[str, str], ReadError] = field(default_factory=dict)  # (what, reason) the last scrape hit
+
+
+log = logging.getLogger(__name__)
 
 
 class Scraper:
@@ -65,8 +73,9 @@ class Scraper:
         state = self.states[name]
         started = time.monotonic()
         state.scrapes += 1
+        collector = self._collectors[name]
         try:
-            raw = await asyncio.wait_for(self._collectors[name].collect(), state.config.timeout_s)
+            raw = await asyncio.wait_for(collector.collect(), state.config.timeout_s)
         except TimeoutError:
             self._fail(state, f"{name}: no answer within {state.config.timeout_s:g} s")
         except CollectError as error:
@@ -83,6 +92,7 @@ class Scraper:
             state.raw = raw
             state.normalized = self._mappings[name].apply(raw, state.config.labels)
             state.up, state.last_error, state.scraped_at = True, None, now
+        _count_read_errors(state, collector.take_read_errors())
         state.duration_s = time.monotonic() - started
         if self._on_scrape:
             self._on_scrape(state)
@@ -114,6 +124,18 @@ class Scraper:
         state.up = False
         state.errors += 1
         state.last_error = message
+
+
+def _count_read_errors(state: TargetState, errors: list[ReadError]) -> None:
+    """Count this scrape's read errors by reason; log each (what, reason) when it starts failing and when it stops."""
+    state.read_errors.update(error.reason for error in errors)
+    now = {(error.what, error.reason): error for error in errors}
+    target = state.config.name
+    for key in now.keys() - state.failing.keys():
+        log.warning("%s: %s: %s (%s)", target, key[0], now[key].detail, key[1])
+    for key in state.failing.keys() - now.keys():
+        log.info("%s: %s reads again (it was %s)", target, key[0], key[1])
+    state.failing = now
 
 
 def _resets(

@@ -85,3 +85,30 @@ def test_run_scrapes_on_the_interval_until_stopped(metrics_server):
 
     asyncio.run(run_for(0.55))
     assert 4 <= scraper.states["vllm-a"].scrapes <= 7
+
+
+def test_a_part_that_cannot_be_read_is_counted_by_reason_and_logged_when_it_starts_and_ends(caplog):
+    """A collector reports a file it could not read and keeps the rest; the loop counts it per reason and logs the
+    change, not every scrape."""
+    import logging
+
+    from kvscope.exporters.base import Collector
+    from kvscope.exporters.scrape import TargetState, _count_read_errors
+
+    class Partial(Collector):  # no `source` of its own: not registered as a source
+        async def collect(self):
+            return []
+
+    config = parse_config({"targets": [target("t", "http://127.0.0.1:9/")]}).targets[0]
+    state, collector = TargetState(config), Partial(config)
+    with caplog.at_level(logging.INFO, logger="kvscope.exporters.scrape"):
+        for scrape in range(3):
+            if scrape < 2:
+                collector.read_error("unparseable", "/sys/class/infiniband/mlx5_0/ports/1/rate", "'N/A'")
+            _count_read_errors(state, collector.take_read_errors())
+    assert state.read_errors == {"unparseable": 2}
+    messages = [record.getMessage() for record in caplog.records]
+    assert messages == [
+        "t: /sys/class/infiniband/mlx5_0/ports/1/rate: 'N/A' (unparseable)",
+        "t: /sys/class/infiniband/mlx5_0/ports/1/rate reads again (it was unparseable)",
+    ]
