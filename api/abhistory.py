@@ -29,7 +29,8 @@ class ArmState:
     prediction: dict
     store: str  # which store serves the arm: embedded, mooncake, or "embedded (mirror of <arm>)"
     engine: str  # which engine: vllm (a real server), or the emulator (of vLLM's prefix cache, for a vLLM mirror)
-    tiers: list[dict]  # the arm's layout, top first: name, capacity (bytes), policy, backend
+    tiers: list[dict]  # the arm's layout, top first: name, capacity (bytes), policy, backend, read_bandwidth, attached
+    placement: str = "replicate"
     rows: list[dict] = field(default_factory=list)  # kept in memory while the test runs; the database has them all
     rounds_done: int = 0
     observed_collapse_round: int | None = None
@@ -41,6 +42,7 @@ class ArmState:
             "store": self.store,
             "engine": self.engine,
             "tiers": self.tiers,
+            "placement": self.placement,
             "rounds_done": self.rounds_done,
             "observed_collapse_round": self.observed_collapse_round,
         }

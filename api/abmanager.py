@@ -113,7 +113,7 @@ class ABManager:
             self._tests[test.id] = test
         for name, arm in scenario.runnable_arms.items():
             test.arms[name] = ArmState(f"{test.id}/{name}", the_plan.arm_json(name), _store_of(name, arm, scenario),
-                                       _engine_of(name, scenario), _layout(arm))  # fmt: skip
+                                       _engine_of(name, scenario), _layout(arm), arm.placement)  # fmt: skip
         with self.db.cursor() as db:
             self.history.insert(db, test)
         test.thread = threading.Thread(target=self._run, args=(test, the_plan), name=test.id, daemon=True)
@@ -275,13 +275,14 @@ class ABManager:
                 try:
                     verdict = verification.judge(criterion)
                 except CriteriaError as error:
-                    verdicts.append({"criterion": criterion.name, "description": criterion.description,
-                                     "passed": None, "error": str(error)})  # fmt: skip
+                    unjudged = {"criterion": criterion.name, "kind": criterion.kind, "passed": None}
+                    verdicts.append({**unjudged, "description": criterion.description, "error": str(error)})
                     continue
                 verdicts.append(
                     {
                         "verdict_id": verdict.verdict_id,
                         "criterion": verdict.criterion,
+                        "kind": criterion.kind,
                         "passed": verdict.passed,
                         "description": criterion.description,
                         "summary": verdict.summary,
@@ -315,7 +316,13 @@ def _store_of(name: str, arm: ArmSpec, scenario: Scenario) -> str:
 
 
 def _layout(arm: ArmSpec) -> list[dict]:
-    return [tier.model_dump(mode="json", include={"name", "capacity", "policy", "backend"}) for tier in arm.tiers]
+    """The arm's tiers, top first, then those attached to its cluster but outside its store's path."""
+    fields = {"name", "capacity", "policy", "backend", "read_bandwidth"}
+    return [
+        {**tier.model_dump(mode="json", include=fields), "attached": attached}
+        for tiers, attached in ((arm.tiers, False), (arm.attached, True))
+        for tier in tiers
+    ]
 
 
 def _engine_of(name: str, scenario: Scenario) -> str:
@@ -330,7 +337,13 @@ def _no_collapse_per_arm(test: ABTest) -> CriteriaFile:
         {
             "runs": list(test.arms),
             "criteria": [
-                {"name": f"{arm}_no_collapse", "kind": "no_collapse", "run": arm, "fraction": fraction}
+                {
+                    "name": f"{arm}_no_collapse",
+                    "kind": "no_collapse",
+                    "description": f"arm {arm}'s hit ratio stays at or above {fraction:g} x its ideal in every round",
+                    "run": arm,
+                    "fraction": fraction,
+                }
                 for arm in test.arms
             ],
         }

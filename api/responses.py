@@ -57,13 +57,18 @@ class TierLayout(BaseModel):
     capacity: Count = Field(description="bytes")
     policy: PolicyName
     backend: BackendName
+    read_bandwidth: float | None = Field(None, description="bytes per second from the engine, if modelled")
+    attached: bool = Field(False, description="in the arm's cluster but outside its store's path (an idle pool)")
 
 
 class ArmSummary(BaseModel):
     run: str = Field(description="the arm's recorded run (GET /api/v1/runs?name_prefix=...)")
     store: str = Field(description="embedded, mooncake, none, or 'embedded (mirror of <arm>)'")
     engine: str = Field(description="vllm (a real engine) or the emulator")
-    tiers: list[TierLayout] = Field(description="top tier first")
+    tiers: list[TierLayout] = Field(description="top tier first, then the attached ones")
+    placement: str = Field(
+        "replicate", description="replicate: every tier holds each block; demote: evictions move down"
+    )
     rounds_done: Count
     prediction: Prediction
     observed_collapse_round: RoundNumber | None
@@ -77,6 +82,7 @@ class ABVerdict(BaseModel):
     """A criterion judged when the test ended; `passed` is null when it could not be judged (`error` says why)."""
 
     criterion: str
+    kind: str | None = Field(None, description="the criterion's kind (parity, zero_delta, no_collapse, ...)")
     description: str = Field("", description="what the criterion checks")
     passed: bool | None
     verdict_id: int | None = Field(None, description="its evidence: GET /api/v1/verdicts/{verdict_id}")

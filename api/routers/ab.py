@@ -46,6 +46,7 @@ def _arm(state: ArmState) -> dict:
         "store": state.store,
         "engine": state.engine,
         "tiers": state.tiers,
+        "placement": state.placement,
         "rounds_done": state.rounds_done,
         "prediction": state.prediction,
         "observed_collapse_round": state.observed_collapse_round,

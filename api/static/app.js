@@ -986,6 +986,7 @@
       const items = [
         ["engine", arm.engine || "emulator"],
         ["store", arm.store || "embedded"],
+        ["placement", arm.placement || "replicate"],
         ["rounds", `${arm.rounds_done} / ${detail.rounds}`],
         ["hit ratio, last round", last ? `${fmtPct(last.hit_ratio)} (ideal ${fmtPct(last.ideal_hit_ratio)})` : "–"],
         ["hit ratio, all rounds", query ? fmtPct(hits / query) : "–"],
@@ -1019,7 +1020,8 @@
     fill("arm-cards", cards);
   }
 
-  /** An arm's tiers, top first: name, capacity (its exact bytes on hover), eviction policy, backend. */
+  /** An arm's tiers, top first: name, capacity (its exact bytes on hover), eviction policy, backend; then the tiers
+   * attached to its cluster outside its store's path (an idle pool a verifier proves untouched), marked so. */
   function tierList(arm, tiers) {
     if (!tiers.length) return el("p", { class: "empty", text: "tiers: not reported" });
     const head = el(
@@ -1030,8 +1032,16 @@
     const lines = tiers.map((tier) =>
       el(
         "li",
-        { class: "tier", "data-tier": tier.name },
-        el("span", { class: "tier-name", text: tier.name }),
+        {
+          class: tier.attached ? "tier attached" : "tier",
+          "data-tier": tier.name,
+          title: tier.attached ? "attached to the arm's cluster, outside its store's path" : null,
+        },
+        el(
+          "span",
+          { class: "tier-name", text: tier.name },
+          tier.attached ? el("span", { class: "tier-attached", text: " attached" }) : null,
+        ),
         el("span", {
           class: "tier-capacity",
           title: Number.isFinite(tier.capacity) ? `${fmtInt(tier.capacity)} B` : null,

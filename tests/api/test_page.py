@@ -398,7 +398,7 @@ def test_overlapping_arms_are_told_apart_and_the_ideal_drawn_over_them(site, vie
 def test_each_arm_shows_its_tiers_capacities_policies_and_store(site, views, chromium):
     expected = {  # capacities as the scenarios write them: 50GiB is binary, 429.5GB and 46.09TB decimal
         "long": {
-            "dram_only": [("dram", "429.5 GB", "lru", "accounting")],
+            "dram_only": [("dram", "429.5 GB", "lru", "accounting"), ("nof attached", "46.09 TB", "lru", "accounting")],
             "tiered": [("dram", "50 GiB", "lru", "accounting"), ("nof", "46.09 TB", "lru", "accounting")],
         },
         "policies": {arm: [("dram", "64 MiB", arm, "accounting")] for arm in ("lru", "mooncake", "lmcache")},
@@ -418,6 +418,9 @@ def test_each_arm_shows_its_tiers_capacities_policies_and_store(site, views, chr
             exact = [f"{tier['capacity']:,} B" for tier in detail["arms"][arm]["tiers"]]
             assert [line.find("span", "tier-capacity")[0].attrs.get("title") for line in lines] == exact
             assert "store embedded" in " ".join(cards[arm].text().split())
+            assert "placement replicate" in " ".join(cards[arm].text().split())
+            attached = [line.attrs.get("data-tier") for line in lines if "attached" in line.attrs["class"].split()]
+            assert attached == [tier["name"] for tier in detail["arms"][arm]["tiers"] if tier["attached"]]
         note = " ".join(dom.by_id("sizes-note").text().split())
         assert "1024" in note and "1000" in note, note
 
