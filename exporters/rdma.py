@@ -1,11 +1,28 @@
 """RDMA NICs (InfiniBand, RoCE, OPA, iWARP) from sysfs, optionally `rdma -j statistic show` and pyverbs.
 
 One target reads every RDMA device of one host under `<sysfs>/class/infiniband/<device>/` (or the `devices:`
-listed), each port under `ports/<port>/`. The tree walk runs in a worker thread (`asyncio.to_thread`); it only
-reads files. A file that cannot be read or does not hold a number (`N/A (no PMA)` on a device without a
-performance-management agent, EINVAL from a GID entry with no netdev, EIO from a hw counter) is skipped: only a
+listed), each port under `ports/<port>/`. The tree walk runs in a worker thread; it only reads files. Only a
 missing `class/infiniband` directory, or a listed device that is not there, fails the scrape (CollectError naming
-the target and the path).
+the target and the path). Anything else that cannot be read is one read error (exporters/base.py: counted in
+`kvscope_source_read_errors_total{target, source, reason}`, logged when it starts and ends, the path as `what`),
+its series left out and the rest of the target exported:
+- unreadable: a listed file (counter, hw counter, state, rate, link_layer, device info) whose open or read fails
+  (EACCES, EIO from a hw counter, ENOENT: a dangling link, a file removed since the tree was listed); a device
+  entry that cannot be listed (a dangling class/infiniband link); a port or counter directory that cannot be
+  listed (the port is then left out whole, not exported as an empty info series).
+- not_a_file: an entry that is not a regular file (a FIFO, a device): opened with O_NONBLOCK and fstat'ed, never
+  read (its read could block the worker for good).
+- unparseable: a counter holding text, `N/A`, nothing or bytes that are not UTF-8; a state or rate that is not
+  "N: NAME" or "N Gb/sec".
+- out_of_range: a counter that is negative, above 2^64-1 or longer than 20 digits (counted before int() is asked,
+  so 4,301 digits never reach it).
+Normal on real hardware, so neither a series nor an error (as node_exporter, through procfs, leaves them out
+without failing): a counter reading exactly `N/A (no PMA)` (a device without a performance-management agent,
+e.g. iWARP's i40iw in node_exporter's fixture); an optional attribute or directory that does not exist
+(counters_ext/, hw_counters/, board_id on hfi1, ...); a GID entry answering EINVAL (no netdev behind it: only
+the netdev lookup reads them); a device or port removed whole between scrapes (the tree is listed again). Where
+node_exporter fails its whole infiniband collector (an unparseable state, a failed read), kvscope counts the one
+file and keeps the rest.
 
 Files are kept open between scrapes. The tree is listed once: its attribute files opened and every sample's labels
 built. Each scrape then re-reads every file with pread at offset 0 (sysfs regenerates an attribute's text on such a
@@ -103,13 +120,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import json
 import logging
 import os
 import re
 import resource
 import shutil
 import socket
+import stat
 import threading
 import time
 import weakref
@@ -120,7 +137,9 @@ from typing import Any
 
 from pydantic import Field
 
-from kvscope.exporters.base import CollectError, Collector, TargetConfig
+from kvscope.exporters import rdma_text
+from kvscope.exporters.base import CollectError, Collector, ReadErrorReason, TargetConfig
+from kvscope.exporters.rdma_text import BadValue
 from kvscope.samples import Kind, Labels, Sample, labels_of
 
 log = logging.getLogger(__name__)
@@ -157,8 +176,6 @@ DATA_FILES: dict[str, tuple[tuple[str, str], ...]] = {
 _COUNTER_GROUPS = (("counters", "rdma_port_counter"), ("counters_ext", "rdma_port_counter_ext"))
 _DEVICE_INFO_FILES = ("fw_ver", "hca_type", "board_id", "node_type", "node_guid")
 _DECIMAL = re.compile(r"[0-9]+")
-_STATE = re.compile(r"^\s*(\d+)\s*:\s*(.*?)\s*$")
-_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*Gb/sec")
 # ibv_mtu: IBV_MTU_256 = 1 ... IBV_MTU_4096 = 5.
 _MTU_BYTES = {1: 256, 2: 512, 3: 1024, 4: 2048, 5: 4096}
 
@@ -210,12 +227,26 @@ class _Scan:
     samples: list[Sample] = field(default_factory=list)
     ports: dict[tuple[str, str], _Port] = field(default_factory=dict)
 
+    errors: list[tuple[ReadErrorReason, str, str]] = field(default_factory=list)  # (reason, path, detail)
+
     def add(self, name: str, labels: dict[str, str], value: float, kind: Kind) -> None:
         self.samples.append(Sample(SOURCE, name, labels_of(labels), float(value), kind))
 
+    def error(self, reason: ReadErrorReason, path: str, detail: str) -> None:
+        self.errors.append((reason, path, detail))
+
 
 class _Stale(Exception):
-    """The tree changed under the layout (a device went away, a netdev was renamed): it is listed again."""
+    """The tree changed under the layout (a device went away, a netdev was renamed): it is listed again. `path`:
+    the file that answered ENODEV or ENOENT, if that is how it showed."""
+
+    def __init__(self, detail: str, path: str | None = None) -> None:
+        super().__init__(detail)
+        self.path = path
+
+
+class _NotAFile(OSError):
+    """Not a regular file (a FIFO, a device, a directory): never read, as its read could block."""
 
 
 class _Attr:
@@ -233,14 +264,19 @@ class _Attr:
         self.fd = fd
         self.seen = False  # read once: from then on, ENODEV or ENOENT means the file went away
 
-    def read(self) -> bytes | None:
-        """The file's bytes; None when it cannot be read (EINVAL, EIO, ...). _Stale when a file read before is gone
-        (a file that never could be read is only skipped, so it cannot make every scrape list the tree again)."""
+    def read(self, scan: _Scan) -> bytes | None:
+        """The file's bytes; None when it cannot be read (EINVAL, EIO, EACCES, a FIFO, ...), which is a read error of
+        `scan`. _Stale when a file read before is gone (a file that never could be read is only reported, so it
+        cannot make every scrape list the tree again)."""
         try:
             data = os.pread(self.fd, _READ_SIZE, 0) if self.fd >= 0 else _read_bytes(self.path)
+        except _NotAFile as error:
+            scan.error("not_a_file", self.path, error.strerror or "not a regular file")
+            return None
         except OSError as error:
             if self.seen and error.errno in _GONE:
-                raise _Stale(f"{self.path}: {error.strerror}") from None
+                raise _Stale(f"{self.path}: {error.strerror}", self.path) from None
+            scan.error("unreadable", self.path, error.strerror or type(error).__name__)
             return None
         self.seen = True
         return data
@@ -254,15 +290,22 @@ class _Files:
         soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         self._budget = int((soft if soft != resource.RLIM_INFINITY else 1 << 20) * FD_SHARE)
         self._fds: list[int] = []
+        self.paths: set[str] = set()  # every file of the listing, open or opened on every read
 
-    def open(self, path: str) -> _Attr | None:
-        """The file as an _Attr; None when it cannot be opened (missing, EACCES, ...)."""
+    def open(self, path: str, listed: bool = True) -> _Attr | None:
+        """The file as an _Attr. A file that cannot be opened (EACCES, not a regular file, gone since it was
+        listed, no descriptor to spare) is opened on every read instead, so that each read reports why it fails.
+        An optional attribute (`listed` False: a name the kernel may not have, such as board_id) that does not
+        exist is None."""
+        if not listed and not os.path.lexists(path):
+            return None
+        self.paths.add(path)
         if len(self._fds) >= self._budget:
             return _Attr(path, -1)
         try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError as error:  # EMFILE, ENFILE: no descriptor to spare, so it is opened on every read instead
-            return _Attr(path, -1) if error.errno in (errno.EMFILE, errno.ENFILE) else None
+            fd = _open_regular(path)
+        except OSError:
+            return _Attr(path, -1)
         self._fds.append(fd)
         return _Attr(path, fd)
 
@@ -270,6 +313,7 @@ class _Files:
         for fd in self._fds:
             os.close(fd)
         self._fds.clear()
+        self.paths.clear()
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,6 +365,8 @@ class _Layout:
     devices: dict[str, int]  # name -> inode of its class/infiniband entry
     found: list[_DeviceFiles]
     rescan_at: float  # time.monotonic() after which the tree is listed again anyway
+    # What the listing could not read (a device or port directory, a counter directory): reported every scrape.
+    broken: list[tuple[ReadErrorReason, str, str]] = field(default_factory=list)
 
 
 class RdmaCollector(Collector):
@@ -362,8 +408,14 @@ class RdmaCollector(Collector):
             except _Stale as stale:
                 log.debug("%s: %s; listing the tree again", self.config.name, stale)
                 scan = self._read(self._discover(devices), fresh=True)
+                gone = stale.path
+                # The file is gone but its directory is not: one attribute removed (not a device or port).
+                if gone is not None and gone not in self._files.paths and os.path.isdir(os.path.dirname(gone)):
+                    scan.error("unreadable", stale.path, f"{stale}: removed since the last scrape")
         if (context_class := self._verbs_context()) is not None:
             _add_verbs_attributes(scan, context_class)
+        for reason, path, detail in scan.errors:
+            self.read_error(reason, path, detail)
         return scan
 
     def _forget(self) -> None:
@@ -394,18 +446,34 @@ class RdmaCollector(Collector):
     def _discover(self, devices: dict[str, int]) -> _Layout:
         """Lists the tree and opens its files; the descriptors of the previous listing are closed first."""
         self._files.close()
-        found = [self._discover_device(device, os.path.join(self._root, device)) for device in devices]
-        self._layout = _Layout(devices, found, time.monotonic() + RESCAN_S)
+        broken: list[tuple[ReadErrorReason, str, str]] = []
+        found = []
+        for device in devices:
+            path = os.path.join(self._root, device)
+            if (problem := _unlistable(path)) is not None:  # a dangling class/infiniband link, EACCES, ...
+                broken.append(("unreadable", path, problem))
+            else:
+                found.append(self._discover_device(device, path, broken))
+        self._layout = _Layout(devices, found, time.monotonic() + RESCAN_S, broken)
         return self._layout
 
-    def _discover_device(self, device: str, path: str) -> _DeviceFiles:
+    def _discover_device(self, device: str, path: str, broken: list) -> _DeviceFiles:
         labels = {"host": self._host, "device": device, "role": self._role(device, None, "")}
-        info = [(name, attr) for name in _DEVICE_INFO_FILES if (attr := self._files.open(os.path.join(path, name)))]
-        hw = self._discover_hw_counters(os.path.join(path, "hw_counters"), "rdma_device_hw_counter", labels)
-        ports = [self._discover_port(device, path, port) for port in _subdirs(os.path.join(path, "ports"))]
+        info = []
+        for name in _DEVICE_INFO_FILES:
+            if (attr := self._files.open(os.path.join(path, name), listed=False)) is not None:
+                info.append((name, attr))
+        hw = self._discover_hw_counters(os.path.join(path, "hw_counters"), "rdma_device_hw_counter", labels, broken)
+        ports = []
+        for port in _subdirs(os.path.join(path, "ports"), broken):
+            port_path = os.path.join(path, "ports", port)
+            if (problem := _unlistable(port_path)) is not None:
+                broken.append(("unreadable", port_path, problem))
+            else:
+                ports.append(self._discover_port(device, path, port, broken))
         return _DeviceFiles(labels, info, hw, ports)
 
-    def _discover_port(self, device: str, device_path: str, port: str) -> _PortFiles:
+    def _discover_port(self, device: str, device_path: str, port: str, broken: list) -> _PortFiles:
         path = os.path.join(device_path, "ports", port)
         ndevs = _by_index(os.path.join(path, "gid_attrs", "ndevs"))
         net = os.path.join(device_path, "device", "net")
@@ -421,22 +489,22 @@ class RdmaCollector(Collector):
             port=port,
             labels=labels,
             labels_key=labels_of(labels),
-            link_layer=self._files.open(os.path.join(path, "link_layer")),
-            state=self._files.open(os.path.join(path, "state")),
-            phys_state=self._files.open(os.path.join(path, "phys_state")),
-            rate=self._files.open(os.path.join(path, "rate")),
-            counters=self._discover_counters(path, labels),
+            link_layer=self._files.open(os.path.join(path, "link_layer"), listed=False),
+            state=self._files.open(os.path.join(path, "state"), listed=False),
+            phys_state=self._files.open(os.path.join(path, "phys_state"), listed=False),
+            rate=self._files.open(os.path.join(path, "rate"), listed=False),
+            counters=self._discover_counters(path, labels, broken),
             data_words=data_words,
-            hw=self._discover_hw_counters(os.path.join(path, "hw_counters"), "rdma_port_hw_counter", labels),
+            hw=self._discover_hw_counters(os.path.join(path, "hw_counters"), "rdma_port_hw_counter", labels, broken),
             ndevs=ndevs,
             net=net,
         )
 
-    def _discover_counters(self, path: str, labels: dict[str, str]) -> list[_Number]:
+    def _discover_counters(self, path: str, labels: dict[str, str], broken: list) -> list[_Number]:
         """counters/ and counters_ext/ of a port."""
         counters = []
         for group, name in _COUNTER_GROUPS:
-            for file_name, file in _files(os.path.join(path, group)):
+            for file_name, file in _files(os.path.join(path, group), broken):
                 if (attr := self._files.open(file)) is None:
                     continue
                 bits = PMA_WIDTH_BITS.get(file_name) if group == "counters" else None
@@ -452,13 +520,13 @@ class RdmaCollector(Collector):
                 counters.append(counter)
         return counters
 
-    def _discover_hw_counters(self, directory: str, name: str, labels: dict[str, str]) -> list[_Number]:
+    def _discover_hw_counters(self, directory: str, name: str, labels: dict[str, str], broken: list) -> list[_Number]:
         """hw_counters/*: every counter as `name`, and `lifespan` (a setting in ms, not a counter) as
         `<name>s_lifespan_ms`; none when the config leaves them out."""
         if not self.config.hw_counters:
             return []
         numbers = []
-        for file_name, file in _files(directory):
+        for file_name, file in _files(directory, broken):
             if (attr := self._files.open(file)) is None:
                 continue
             if file_name == "lifespan":
@@ -471,12 +539,12 @@ class RdmaCollector(Collector):
     def _read(self, layout: _Layout, fresh: bool) -> _Scan:
         """One scrape: every file of the layout read now. A `fresh` layout (listed by this scrape) is never stale:
         each of its files is read for the first time, and a netdev that changed since the listing is not checked."""
-        scan = _Scan()
+        scan = _Scan(errors=list(layout.broken))
         for device in layout.found:
-            info = {name: text for name, attr in device.info if (text := _text(attr))}
+            info = {name: text for name, attr in device.info if (text := _text(attr, scan))}
             if info:
                 scan.add("rdma_device_info", {**device.labels, **info}, 1, "info")
-            _read_hw_counters(scan.samples, device.hw)
+            _read_hw_counters(scan, device.hw)
             for port in device.ports:
                 _read_port(scan, port, fresh)
         return scan
@@ -542,77 +610,52 @@ class RdmaCollector(Collector):
         return parse_statistic_json(out.decode(errors="replace"))
 
 
-def parse_statistic_json(text: str) -> list[tuple[str, str, dict[str, int]]] | None:
-    """(device, port, counters) per port of `rdma -j statistic show`; None when it is not that JSON."""
-    text = text.strip()
-    if not text:
-        return []
-    try:
-        data: Any = json.loads(text)
-    except ValueError:
-        data = []
-        for line in text.splitlines():  # older iproute2 printed one JSON object per line
-            try:
-                data.append(json.loads(line))
-            except ValueError:
-                if line.strip():
-                    return None
-    if isinstance(data, dict):
-        data = [data]
-    if not isinstance(data, list):
-        return None
-    result = []
-    for entry in data:
-        if not isinstance(entry, dict) or not isinstance(entry.get("ifname"), str) or "port" not in entry:
-            continue
-        counters = {
-            key: value
-            for key, value in entry.items()
-            if key not in ("ifname", "ifindex", "port") and isinstance(value, int) and not isinstance(value, bool)
-        }
-        result.append((entry["ifname"], str(entry["port"]), counters))
-    return result
-
-
-# --- sysfs helpers ---------------------------------------------------------------------------------------------
+parse_statistic_json = rdma_text.statistic_json  # the import path tests and tools use
 
 
 # --- sysfs helpers ---------------------------------------------------------------------------------------------
 
 
 def _read_port(scan: _Scan, port: _PortFiles, fresh: bool) -> None:
-    link_layer = _text(port.link_layer) or ""
+    link_layer = _text(port.link_layer, scan) or ""
     netdev = _netdev(port.ndevs, port.net, port.port, link_layer)
     if netdev != port.labels["netdev"] and not fresh:
         raise _Stale(f"{port.device}/{port.port}: netdev {port.labels['netdev']!r} is now {netdev!r}")
     samples = scan.samples
-    words = _read_counters(samples, port.counters)
+    words = _read_counters(scan, port.counters)
     for candidates in port.data_words:
         for data, labels in candidates:
             if data in words:
                 samples.append(Sample(SOURCE, "rdma_port_data_words", labels, float(words[data]), "counter"))
                 break
-    scan.ports[(port.device, port.port)] = _Port(port.labels, _read_hw_counters(samples, port.hw))
+    scan.ports[(port.device, port.port)] = _Port(port.labels, _read_hw_counters(scan, port.hw))
 
-    state, state_name = _state(_text(port.state))
-    phys, phys_name = _state(_text(port.phys_state))
-    rate_text = _text(port.rate) or ""
+    state, state_name = _state(port.state, scan)
+    phys, phys_name = _state(port.phys_state, scan)
+    rate_text = _text(port.rate, scan)
     if state is not None:
         samples.append(Sample(SOURCE, "rdma_port_state", port.labels_key, float(state), "gauge"))
     if phys is not None:
         samples.append(Sample(SOURCE, "rdma_port_phys_state", port.labels_key, float(phys), "gauge"))
-    if (match := _RATE.match(rate_text)) is not None:
-        samples.append(Sample(SOURCE, "rdma_port_rate_gbps", port.labels_key, float(match.group(1)), "gauge"))
+    if rate_text is not None and port.rate is not None:
+        try:
+            gbps = rdma_text.rate_gbps(rate_text)
+        except BadValue as bad:
+            scan.error(bad.reason, port.rate.path, bad.detail)
+        else:
+            samples.append(Sample(SOURCE, "rdma_port_rate_gbps", port.labels_key, gbps, "gauge"))
+    rate_text = rate_text or ""
     info = {"state": state_name, "phys_state": phys_name, "link_layer": link_layer, "rate": rate_text}
     scan.add("rdma_port_info", {**port.labels, **info}, 1, "info")
 
 
-def _read_counters(samples: list[Sample], counters: list[_Number]) -> dict[str, int]:
+def _read_counters(scan: _Scan, counters: list[_Number]) -> dict[str, int]:
     """counters/ and counters_ext/, with the saturation flag of the PMA counters; returns the values of the files
     that can count the port's data."""
+    samples = scan.samples
     words = {}
     for counter in counters:
-        value = _number(counter.attr)
+        value = _number(counter.attr, scan)
         if value is None:
             continue
         samples.append(Sample(SOURCE, counter.name, counter.labels, float(value), "counter"))
@@ -624,40 +667,76 @@ def _read_counters(samples: list[Sample], counters: list[_Number]) -> dict[str, 
     return words
 
 
-def _read_hw_counters(samples: list[Sample], numbers: list[_Number]) -> set[str]:
+def _read_hw_counters(scan: _Scan, numbers: list[_Number]) -> set[str]:
     """hw_counters/*; returns the names of the counters read."""
     seen = set()
     for number in numbers:
-        value = _number(number.attr)
+        value = _number(number.attr, scan)
         if value is None:
             continue
-        samples.append(Sample(SOURCE, number.name, number.labels, float(value), number.kind))
+        scan.samples.append(Sample(SOURCE, number.name, number.labels, float(value), number.kind))
         if number.hw_counter is not None:
             seen.add(number.hw_counter)
     return seen
 
 
-def _number(attr: _Attr) -> int | None:
-    """A sysfs counter (unsigned decimal); None for "N/A (no PMA)", empty, unreadable or anything else."""
-    data = attr.read()
+def _number(attr: _Attr, scan: _Scan) -> int | None:
+    """A sysfs counter (unsigned decimal, at most 64 bits); None for "N/A (no PMA)" and, reported as a read error
+    of `scan`, for a file that cannot be read or does not hold such a number."""
+    data = attr.read(scan)
     if data is None:
         return None
-    digits = data.strip()
-    return int(digits) if digits.isdigit() else None
-
-
-def _text(attr: _Attr | None) -> str | None:
-    """The attribute's text, stripped; None when it is absent or cannot be read (or is not text)."""
-    data = attr.read() if attr is not None else None
     try:
-        return data.decode().strip() if data is not None else None
-    except UnicodeDecodeError:
+        return rdma_text.counter(data)
+    except BadValue as bad:
+        scan.error(bad.reason, attr.path, bad.detail)
         return None
+
+
+def _text(attr: _Attr | None, scan: _Scan) -> str | None:
+    """The attribute's text, stripped; None when it is absent, or (a read error of `scan`) cannot be read or is
+    not text."""
+    data = attr.read(scan) if attr is not None else None
+    if attr is None or data is None:
+        return None
+    try:
+        return rdma_text.text(data)
+    except BadValue as bad:
+        scan.error(bad.reason, attr.path, bad.detail)
+        return None
+
+
+def _state(attr: _Attr | None, scan: _Scan) -> tuple[int | None, str]:
+    """A port state attribute: "4: ACTIVE" -> (4, "ACTIVE"); (None, "") when absent or not a state (reported)."""
+    value = _text(attr, scan)
+    if attr is None or value is None:
+        return None, ""
+    try:
+        return rdma_text.state(value)
+    except BadValue as bad:
+        scan.error(bad.reason, attr.path, bad.detail)
+        return None, value
+
+
+def _open_regular(path: str) -> int:
+    """A read-only descriptor of the regular file `path`; _NotAFile for a FIFO, a device or a directory (opened
+    with O_NONBLOCK, so a FIFO with no writer does not block the open, and never read)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode) else "a device or socket"
+        raise _NotAFile(errno.EINVAL, f"not a regular file: {kind}")
+    return fd
 
 
 def _read_bytes(path: str) -> bytes:
-    """One read of a file by path (os.open/os.read: the io stack's buffered wrappers cost more than the read)."""
-    fd = os.open(path, os.O_RDONLY)
+    """One read of a regular file by path (os.open/os.read: the io stack's buffered wrappers cost more)."""
+    fd = _open_regular(path)
     try:
         return os.read(fd, _READ_SIZE)
     finally:
@@ -672,31 +751,42 @@ def _read(path: str) -> str | None:
         return None
 
 
-def _files(directory: str) -> list[tuple[str, str]]:
-    """(name, path) of the regular files in `directory`, by name."""
+def _files(directory: str, broken: list) -> list[tuple[str, str]]:
+    """(name, path) of the entries of `directory` that are not directories, by name: files, and also FIFOs and
+    dangling links, which the read reports. A directory that does not exist has none (counters_ext/ and
+    hw_counters/ are optional); one that cannot be listed is added to `broken`."""
     try:
-        with os.scandir(directory) as entries:  # DirEntry.is_file needs no stat for regular files
-            return sorted((entry.name, entry.path) for entry in entries if entry.is_file())
-    except OSError:
+        with os.scandir(directory) as entries:  # DirEntry.is_dir needs no stat for regular files
+            return sorted((entry.name, entry.path) for entry in entries if not entry.is_dir())
+    except FileNotFoundError:
+        return []
+    except OSError as error:
+        broken.append(("unreadable", directory, error.strerror or type(error).__name__))
         return []
 
 
-def _subdirs(directory: str) -> list[str]:
+def _unlistable(directory: str) -> str | None:
+    """Why `directory` cannot be listed (a dangling link, EACCES, not a directory); None when it can."""
+    try:
+        with os.scandir(directory):
+            return None
+    except FileNotFoundError:
+        return "no such directory (a dangling link?)"
+    except OSError as error:
+        return error.strerror or type(error).__name__
+
+
+def _subdirs(directory: str, broken: list) -> list[str]:
     """The names of the subdirectories (ports), numbers first, in numeric order."""
     try:
         with os.scandir(directory) as entries:
             names = [entry.name for entry in entries if entry.is_dir()]
-    except OSError:
+    except FileNotFoundError:
+        return []
+    except OSError as error:
+        broken.append(("unreadable", directory, error.strerror or type(error).__name__))
         return []
     return sorted(names, key=lambda name: (not name.isdigit(), int(name) if name.isdigit() else 0))
-
-
-def _state(text: str | None) -> tuple[int | None, str]:
-    """ "4: ACTIVE" -> (4, "ACTIVE"); "5: LinkUp" -> (5, "LinkUp")."""
-    match = _STATE.match(text or "")
-    if match is None:
-        return None, text or ""
-    return int(match.group(1)), match.group(2)
 
 
 def _netdev(ndevs: list[str], net: str, port: str, link_layer: str) -> str:

@@ -15,6 +15,7 @@ import contextlib
 import errno
 import gc
 import os
+import re
 import shutil
 import socket
 import sys
@@ -22,12 +23,14 @@ import time
 import types
 from pathlib import Path
 
+import httpx
 import pytest
 from support.realservers import served_exposition
 
 from kvscope.exporters.base import CollectError, collectors
 from kvscope.exporters.config import parse_config
 from kvscope.exporters.normalizer import mapping_for
+from kvscope.exporters.otel import TelemetryBridge
 from kvscope.exporters.rdma import RdmaCollector, parse_statistic_json
 from kvscope.exporters.scrape import Scraper
 
@@ -906,3 +909,148 @@ def test_without_pyverbs_nothing_is_added(tmp_path, monkeypatch):
     raw, normalized = scrape(tmp_path, verbs=True)
     assert not [s for s in raw if s.name.endswith(("_mtu_bytes", "_table_size", "_message_bytes"))]
     assert len(bytes_by_port(normalized)) == 2
+
+
+# --- files that cannot be read or do not hold a counter: read errors, the rest of the target exported -----------
+
+
+def served_after(sysfs: Path, scrapes: int = 1, between=None, **fields) -> str:
+    """The Prometheus exposition after `scrapes` scrapes of one rdma target of `sysfs` (`between()` runs before
+    each scrape after the first)."""
+    target = {"name": "rdma-a", "source": "rdma", "sysfs": str(sysfs), "host": "node-a", **fields}
+    config = parse_config({"exporter": {"listen_port": 0}, "targets": [target]})
+    scraper = Scraper(config.targets)
+
+    async def run() -> None:
+        for index in range(scrapes):
+            if index and between is not None:
+                between()
+            await scraper.scrape_all()
+        await scraper.close()
+
+    asyncio.run(run())
+    bridge = TelemetryBridge(scraper, config.exporter)
+    try:
+        return httpx.get(f"http://127.0.0.1:{bridge.serve()}/metrics").text
+    finally:
+        bridge.shutdown()
+
+
+def exposed(text: str, name: str) -> dict[frozenset, float]:
+    """The samples of the series `name` in an exposition: their labels (as (name, value) pairs) -> value."""
+    found = {}
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{"):
+            labels, _, number = line[len(name) + 1 :].rpartition("} ")
+            found[frozenset(re.findall(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"', labels))] = float(number)
+    return found
+
+
+def read_errors(text: str) -> dict[str, float]:
+    """kvscope_source_read_errors_total of the rdma-a target, by reason."""
+    return {
+        dict(labels)["reason"]: number
+        for labels, number in exposed(text, "kvscope_source_read_errors_total").items()
+        if dict(labels)["target"] == "rdma-a" and dict(labels)["source"] == "rdma"
+    }
+
+
+def port_errors(text: str) -> dict[str, float]:
+    return {dict(labels)["error"]: number for labels, number in exposed(text, "rdma_port_errors_total").items()}
+
+
+def test_each_error_is_one_read_error_of_its_collector_naming_the_file(tmp_path):
+    rdma_port(rdma_device(tmp_path, "mlx5_0"), counters={"symbol_error": "-1", "link_downed": "N/A"})
+    port = tmp_path / "class" / "infiniband" / "mlx5_0" / "ports" / "1"  # the path as listed
+    collector = RdmaCollector(config_of(tmp_path))
+    asyncio.run(collect_once(collector))
+    errors = sorted((e.reason, e.what) for e in collector.take_read_errors())
+    assert errors == [
+        ("out_of_range", str(port / "counters" / "symbol_error")),
+        ("unparseable", str(port / "counters" / "link_downed")),
+    ]
+
+
+BAD_COUNTERS = {
+    "N/A": (b"N/A\n", "unparseable"),
+    "text": (b"fast\n", "unparseable"),
+    "empty": (b"", "unparseable"),
+    "not UTF-8": (b"\xff\xfe12\n", "unparseable"),
+    "negative": (b"-1\n", "out_of_range"),
+    "4301 digits": (b"9" * 4301 + b"\n", "out_of_range"),
+    "above 2^64-1": (b"18446744073709551616\n", "out_of_range"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_COUNTERS)
+def test_a_counter_file_that_holds_no_counter_is_a_read_error_and_the_rest_exports(tmp_path, case):
+    data, reason = BAD_COUNTERS[case]
+    port = roce_host(tmp_path) / "ports" / "1"
+    write(port / "counters" / "link_downed", "3")
+    (port / "counters" / "symbol_error").write_bytes(data)
+    text = served_after(tmp_path)
+    assert read_errors(text) == {reason: 1}
+    assert port_errors(text) == {"link_downed": 3, "out_of_buffer": 17}  # symbol_error is absent
+    assert exposed(text, "rdma_port_tx_bytes_total") and exposed(text, "rdma_port_congestion_total")
+
+
+def test_n_a_no_pma_is_no_series_and_no_read_error(tmp_path):
+    # What the kernel answers for a device without a performance-management agent (node_exporter's fixture
+    # i40iw0 has it): normal, so not counted.
+    port = roce_host(tmp_path) / "ports" / "1"
+    write(port / "counters" / "symbol_error", "N/A (no PMA)")
+    text = served_after(tmp_path)
+    assert read_errors(text) == {} and "symbol_error" not in port_errors(text)
+
+
+def test_a_fifo_is_never_read_and_is_a_read_error(tmp_path):
+    port = roce_host(tmp_path) / "ports" / "1"
+    (port / "counters" / "symbol_error").unlink()
+    os.mkfifo(port / "counters" / "symbol_error")  # a read would block forever: no writer
+    text = served_after(tmp_path, timeout_s=1.0)
+    assert read_errors(text) == {"not_a_file": 1}
+    assert port_errors(text) == {"out_of_buffer": 17} and exposed(text, "rdma_port_tx_bytes_total")
+
+
+def test_a_dangling_counter_link_is_a_read_error(tmp_path):
+    port = roce_host(tmp_path) / "ports" / "1"
+    (port / "counters" / "symbol_error").unlink()
+    (port / "counters" / "symbol_error").symlink_to("nowhere")
+    text = served_after(tmp_path)
+    assert read_errors(text) == {"unreadable": 1}
+    assert port_errors(text) == {"out_of_buffer": 17} and exposed(text, "rdma_port_tx_bytes_total")
+
+
+def test_a_counter_file_removed_between_scrapes_is_a_read_error(tmp_path, monkeypatch):
+    port = roce_host(tmp_path) / "ports" / "1"
+    sysfs_pread(monkeypatch)
+    text = served_after(tmp_path, scrapes=2, between=(port / "counters" / "symbol_error").unlink)
+    assert read_errors(text) == {"unreadable": 1}
+    assert port_errors(text) == {"out_of_buffer": 17} and exposed(text, "rdma_port_tx_bytes_total")
+
+
+def test_a_dangling_device_link_is_a_read_error_and_the_other_devices_export(tmp_path):
+    roce_host(tmp_path)
+    (tmp_path / "class" / "infiniband" / "mlx5_9").symlink_to("../../devices/pci0000:00/gone/infiniband/mlx5_9")
+    text = served_after(tmp_path)
+    assert read_errors(text) == {"unreadable": 1}
+    assert {dict(labels)["device"] for labels in exposed(text, "rdma_port_tx_bytes_total")} == {"mlx5_0"}
+
+
+def test_an_unreadable_port_directory_is_a_read_error_not_an_empty_port(tmp_path, monkeypatch):
+    device = roce_host(tmp_path)
+    rdma_port(device, "2", counters={"port_xmit_data": 1, "port_rcv_data": 2})
+    unreadable = str(tmp_path / "class" / "infiniband" / "mlx5_0" / "ports" / "2")
+    real = os.scandir
+
+    def scandir(path="."):  # EACCES, as for a non-root exporter on a port directory of mode 0700
+        if os.fspath(path).startswith(unreadable):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    raw, _ = scrape(tmp_path)
+    assert {s.label_map["port"] for s in raw if "port" in s.label_map} == {"1"}  # no info series for port 2
+    text = served_after(tmp_path)
+    assert read_errors(text) == {"unreadable": 1}
+    assert {dict(labels)["port"] for labels in exposed(text, "rdma_port_tx_bytes_total")} == {"1"}
