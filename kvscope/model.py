@@ -139,6 +139,138 @@ INSTRUMENTS: dict[str, Instrument] = {
             "errors counted by the RDMA port (link and PMA error counters, the driver's transport error counters), "
             "by error",
         ),
+        # node_exporter's infiniband series under the model's names (README.md, "RDMA series"); direction is tx or rx.
+        Instrument(
+            "rdma.port.data",
+            "counter",
+            "By",
+            (*_NIC, "direction"),
+            "bytes the port's PMA data counter (counters/port_xmit_data, port_rcv_data) counted, by direction "
+            "(node_exporter's port_data_*_bytes); rdma.port.tx.bytes / rx.bytes pick the best file per port",
+        ),
+        Instrument(
+            "rdma.port.packets",
+            "counter",
+            "{packet}",
+            (*_NIC, "direction"),
+            "packets the RDMA port sent (tx) or received (rx) on all VLs, errors included",
+        ),
+        Instrument(
+            "rdma.port.unicast.packets",
+            "counter",
+            "{packet}",
+            (*_NIC, "direction"),
+            "unicast packets the RDMA port sent or received, errors included",
+        ),
+        Instrument(
+            "rdma.port.multicast.packets",
+            "counter",
+            "{packet}",
+            (*_NIC, "direction"),
+            "multicast packets the RDMA port sent or received, errors included",
+        ),
+        Instrument(
+            "rdma.port.legacy.data",
+            "counter",
+            "By",
+            (*_NIC, "direction"),
+            "bytes counted by the legacy MLNX_OFED 64-bit data counters (counters_ext/port_*_data_64)",
+        ),
+        Instrument(
+            "rdma.port.legacy.packets",
+            "counter",
+            "{packet}",
+            (*_NIC, "direction"),
+            "packets counted by the legacy MLNX_OFED 64-bit packet counters (counters_ext/port_*_packets_64)",
+        ),
+        Instrument(
+            "rdma.port.legacy.unicast.packets",
+            "counter",
+            "{packet}",
+            (*_NIC, "direction"),
+            "unicast packets counted by the legacy MLNX_OFED counters (counters_ext/port_unicast_*_packets)",
+        ),
+        Instrument(
+            "rdma.port.legacy.multicast.packets",
+            "counter",
+            "{packet}",
+            (*_NIC, "direction"),
+            "multicast packets counted by the legacy MLNX_OFED counters (counters_ext/port_multicast_*_packets)",
+        ),
+        Instrument(
+            "rdma.port.transmit.wait",
+            "counter",
+            "{tick}",
+            _NIC,
+            "ticks during which the RDMA port had data to send but sent none (PortXmitWait: back-pressure)",
+        ),
+        Instrument(
+            "rdma.port.completion.errors",
+            "counter",
+            "{completion}",
+            (*_NIC, "error"),
+            "work completions with an error the driver counted (mlx5 req_/resp_ cqe, flush, access and length "
+            "errors), by error; flushes also count the work of every QP torn down with work outstanding",
+        ),
+        Instrument(
+            "rdma.port.transport.events",
+            "counter",
+            "{event}",
+            (*_NIC, "event"),
+            "transport events the driver counted that are not errors: duplicate requests, implied NAKs, RoCE "
+            "adaptive retransmissions and slow restarts, by event (the hw counter's name)",
+        ),
+        Instrument(
+            "rdma.port.received.requests",
+            "counter",
+            "{request}",
+            (*_NIC, "op"),
+            "RDMA requests the port's QPs received, by op: read, write, atomic, dct_connect",
+        ),
+        Instrument(
+            "rdma.port.counters.lifespan",
+            "gauge",
+            "s",
+            _NIC,
+            "how long the kernel caches the port's hw counter values (hw_counters/lifespan: a setting)",
+        ),
+        Instrument(
+            "rdma.port.state",
+            "gauge",
+            "{state}",
+            _NIC,
+            "logical state of the RDMA port (1 down, 2 init, 3 armed, 4 active, 5 active defer)",
+        ),
+        Instrument(
+            "rdma.port.physical.state",
+            "gauge",
+            "{state}",
+            _NIC,
+            "physical state of the RDMA port (1 sleep, 2 polling, 3 disabled, 4 port configuration training, "
+            "5 link up, 6 link error recovery, 7 phy test)",
+        ),
+        Instrument("rdma.port.rate", "gauge", "By/s", _NIC, "signalling rate of the RDMA port's link"),
+        Instrument(
+            "rdma.port.saturated",
+            "gauge",
+            "{counter}",
+            (*_NIC, "counter"),
+            "1 when a fixed-width PMA counter of the port reads its maximum (stuck: it no longer counts), else 0",
+        ),
+        Instrument(
+            "rdma.port.info",
+            "gauge",
+            "{info}",
+            (*_NIC, "state", "phys_state", "link_layer", "rate"),
+            "the RDMA port's state, physical state, link layer and rate as sysfs writes them; always 1",
+        ),
+        Instrument(
+            "rdma.device.info",
+            "gauge",
+            "{info}",
+            ("host", "device", "role", "board_id", "firmware_version", "hca_type", "node_type", "node_guid"),
+            "the RDMA device's board, firmware, HCA type, node type and GUID; always 1",
+        ),
         Instrument("storage.bdev.read.bytes", "counter", "By", _BDEV, "bytes read from the block device"),
         Instrument("storage.bdev.written.bytes", "counter", "By", _BDEV, "bytes written to the block device"),
         Instrument("storage.bdev.ops", "counter", "{operation}", (*_BDEV, "op"), "I/O operations on the block device"),
@@ -162,7 +294,7 @@ INSTRUMENTS: dict[str, Instrument] = {
 
 # The units INSTRUMENTS use, as the OpenTelemetry Prometheus exporter spells them in a metric name (it follows the
 # OpenTelemetry spec's table); an annotation such as `{token}` adds nothing.
-_PROMETHEUS_UNITS = {"By": "bytes", "s": "seconds"}
+_PROMETHEUS_UNITS = {"By": "bytes", "s": "seconds", "By/s": "bytes_per_second"}
 
 
 def prometheus_name(instrument: Instrument) -> str:

@@ -99,6 +99,25 @@ def bytes_by_port(normalized) -> dict[tuple[str, tuple], float]:
     return {(s.name, s.labels): s.value for s in normalized if s.name.endswith(".bytes")}
 
 
+def ports_of(normalized) -> list:
+    """The port-level model samples (all but rdma.device.info, which has no port or netdev)."""
+    return [s for s in normalized if s.name != "rdma.device.info"]
+
+
+# Model instruments only the drivers' hw_counters/ feed.
+HW_INSTRUMENTS = {
+    "rdma.port.congestion",
+    "rdma.port.completion.errors",
+    "rdma.port.transport.events",
+    "rdma.port.received.requests",
+    "rdma.port.counters.lifespan",
+}
+
+
+def from_hw_counters(sample) -> bool:
+    return sample.name in HW_INSTRUMENTS or sample.label_map.get("error") in (*HW_ERRORS, "rx_icrc_encapsulated")
+
+
 def model(normalized, instrument: str, key: str) -> dict[tuple[str, str, str], float]:
     """One instrument's series: (device, port, the value of label `key`) -> value."""
     found = [s for s in normalized if s.name == instrument]
@@ -240,7 +259,9 @@ def test_fixture_port_information():
 
 def test_fixture_bytes_are_words_times_four():
     raw, normalized = scrape(FIXTURE)
-    assert all(s.normalized and s.kind == "counter" for s in normalized)
+    assert all(s.normalized for s in normalized) and {s.kind for s in normalized if s.name.endswith(".bytes")} == {
+        "counter"
+    }
     assert {s.label_map["file"] for s in find(raw, "rdma_port_data_words")} == {
         "counters/port_xmit_data",
         "counters/port_rcv_data",
@@ -271,7 +292,7 @@ def test_fixture_errors_are_the_error_counters_as_read():
     assert errors[("mlx5_0", "1", "local_ack_timeout_err")] == 131
     assert errors[("mlx5_0", "1", "out_of_sequence")] == errors[("mlx5_0", "1", "packet_seq_err")] == 1
     assert {errors[(d, p, e)] for d, p in ports for e in PMA_ERRORS} == {0}
-    assert {s.kind for s in normalized} == {"counter"}
+    assert {s.kind for s in find(normalized, "rdma.port.errors")} == {"counter"}
     assert set(find(normalized, "rdma.port.errors")[0].label_map) == {*NIC, "error"}
     # Counters that are not errors, or count teardowns too, stay raw.
     assert not {"port_xmit_wait", "duplicate_request", "req_cqe_error", "resp_cqe_flush_error"} & {
@@ -333,8 +354,8 @@ def test_hw_counters_off_reads_only_the_port_counters_and_keeps_the_bytes():
         "rdma_port_hw_counters_lifespan_ms",
         "rdma_device_hw_counters_lifespan_ms",
     }
-    # Only the errors the drivers' hw_counters/ count are lost: bytes and the PMA error counters stay.
-    assert lean_normalized == [s for s in normalized if s.label_map.get("error") not in HW_ERRORS]
+    # Only what the drivers' hw_counters/ count is lost: bytes, packets, state and the PMA error counters stay.
+    assert lean_normalized == [s for s in normalized if not from_hw_counters(s)]
 
 
 def test_devices_filter_reads_only_those():
@@ -352,19 +373,25 @@ def test_a_scrape_changes_nothing_in_the_tree(tmp_path):
     assert after == before
 
 
-def test_the_tree_is_walked_in_a_worker_thread(monkeypatch):
-    import kvscope.exporters.rdma as module
+def test_the_tree_is_walked_in_the_targets_own_thread(monkeypatch):
+    import threading
+
+    from kvscope.exporters.base import Collector
 
     calls = []
-    real = asyncio.to_thread
+    real = Collector.blocking
 
-    async def recording(function, *args, **kwargs):
-        calls.append(function.__name__)
-        return await real(function, *args, **kwargs)
+    async def recording(self, function, *args, **kwargs):
+        def noted(*args):
+            calls.append((function.__name__, threading.current_thread().name))
+            return function(*args)
 
-    monkeypatch.setattr(module.asyncio, "to_thread", recording)
+        return await real(self, noted, *args, **kwargs)
+
+    monkeypatch.setattr(RdmaCollector, "blocking", recording)
     scrape(FIXTURE)
-    assert calls == ["_scan", "_forget"]  # close() too: it waits for a scan that may still be reading
+    # close() too: never under a scan that may still be reading
+    assert calls == [("_scan", "kvscope rdma-a"), ("_forget", "kvscope rdma-a")]
 
 
 # --- errors ------------------------------------------------------------------------------------------------------
@@ -414,8 +441,9 @@ def test_roce_port_netdev_from_gid_table_and_congestion_counters(tmp_path):
     assert model(normalized, "rdma.port.errors", "error") == {
         ("mlx5_0", "1", "symbol_error"): 0,
         ("mlx5_0", "1", "out_of_buffer"): 17,
+        ("mlx5_0", "1", "rx_icrc_encapsulated"): 0,
     }
-    assert {s.label_map["netdev"] + "/" + s.label_map["role"] for s in normalized} == {"ens1f0np0/nof"}
+    assert {s.label_map["netdev"] + "/" + s.label_map["role"] for s in ports_of(normalized)} == {"ens1f0np0/nof"}
     # Every port-level sample carries all five model labels.
     for sample in raw:
         if "port" in sample.label_map:
@@ -436,7 +464,7 @@ def test_roce_port_without_gid_netdevs_falls_back_to_the_pci_netdev(tmp_path):
     netdev(device, "ens1f1np1", dev_port=0)
     rdma_port(device, counters={"port_xmit_data": 10, "port_rcv_data": 20})
     _, normalized = scrape(tmp_path)
-    assert {s.label_map["netdev"] for s in normalized} == {"ens1f1np1"}
+    assert {s.label_map["netdev"] for s in ports_of(normalized)} == {"ens1f1np1"}
 
 
 def test_ib_ports_map_to_ipoib_netdevs_by_dev_port(tmp_path):
@@ -478,7 +506,8 @@ def test_na_no_pma_values_are_skipped_not_fatal(tmp_path):
     )
     raw, normalized = scrape(tmp_path)
     assert find(raw, "rdma_port_counter") == [] and find(raw, "rdma_port_counter_saturated") == []
-    assert find(raw, "rdma_port_data_words") == [] and normalized == []
+    assert find(raw, "rdma_port_data_words") == [] and bytes_by_port(normalized) == {}
+    assert not find(normalized, "rdma.port.errors") and not find(normalized, "rdma.port.saturated")
     assert [s.label_map["counter"] for s in find(raw, "rdma_port_hw_counter")] == ["tx_bytes"]
     assert value(raw, "rdma_port_state", device="siw0") == 4
 
@@ -705,8 +734,8 @@ def test_a_renamed_netdev_gives_new_labels_at_the_next_scrape(tmp_path):
     second = asyncio.run(collector.collect())
     asyncio.run(collector.close())
     normalized = [mapping_for("rdma").apply(raw, config.labels) for raw in (first, second)]
-    assert {s.label_map["netdev"] + "/" + s.label_map["role"] for s in normalized[0]} == {"ens1f0np0/nof"}
-    assert {s.label_map["netdev"] + "/" + s.label_map["role"] for s in normalized[1]} == {"eth9/dram"}
+    assert {s.label_map["netdev"] + "/" + s.label_map["role"] for s in ports_of(normalized[0])} == {"ens1f0np0/nof"}
+    assert {s.label_map["netdev"] + "/" + s.label_map["role"] for s in ports_of(normalized[1])} == {"eth9/dram"}
     assert {s.label_map["netdev"] for s in second if "port" in s.label_map} == {"eth9"}
 
 
@@ -757,7 +786,7 @@ def test_roles_by_device_by_port_and_by_netdev(tmp_path):
     rdma_port(gpu, counters={"port_xmit_data": 1, "port_rcv_data": 1})
     roles = {"mlx5_0": "nof", "mlx5_0/2": "dram", "ens1f1np1": "gpu", "ens2f0np0": "dram", "mlx5_2": "nof"}
     raw, normalized = scrape(tmp_path, roles=roles, labels={"role": "unassigned"})
-    by_port = {(s.label_map["device"], s.label_map["port"]): s.label_map["role"] for s in normalized}
+    by_port = {(s.label_map["device"], s.label_map["port"]): s.label_map["role"] for s in ports_of(normalized)}
     assert by_port == {
         ("mlx5_0", "1"): "nof",  # by device
         ("mlx5_0", "2"): "dram",  # device/port beats its netdev (gpu) and its device (nof)
@@ -959,6 +988,9 @@ def port_errors(text: str) -> dict[str, float]:
     return {dict(labels)["error"]: number for labels, number in exposed(text, "rdma_port_errors_total").items()}
 
 
+OTHER_ERRORS = {"out_of_buffer": 17, "rx_icrc_encapsulated": 0}  # roce_host's error counters besides symbol_error
+
+
 def test_each_error_is_one_read_error_of_its_collector_naming_the_file(tmp_path):
     rdma_port(rdma_device(tmp_path, "mlx5_0"), counters={"symbol_error": "-1", "link_downed": "N/A"})
     port = tmp_path / "class" / "infiniband" / "mlx5_0" / "ports" / "1"  # the path as listed
@@ -990,7 +1022,11 @@ def test_a_counter_file_that_holds_no_counter_is_a_read_error_and_the_rest_expor
     (port / "counters" / "symbol_error").write_bytes(data)
     text = served_after(tmp_path)
     assert read_errors(text) == {reason: 1}
-    assert port_errors(text) == {"link_downed": 3, "out_of_buffer": 17}  # symbol_error is absent
+    assert port_errors(text) == {
+        "link_downed": 3,
+        "out_of_buffer": 17,
+        "rx_icrc_encapsulated": 0,
+    }  # symbol_error is absent
     assert exposed(text, "rdma_port_tx_bytes_total") and exposed(text, "rdma_port_congestion_total")
 
 
@@ -1009,7 +1045,9 @@ def test_a_fifo_is_never_read_and_is_a_read_error(tmp_path):
     os.mkfifo(port / "counters" / "symbol_error")  # a read would block forever: no writer
     text = served_after(tmp_path, timeout_s=1.0)
     assert read_errors(text) == {"not_a_file": 1}
-    assert port_errors(text) == {"out_of_buffer": 17} and exposed(text, "rdma_port_tx_bytes_total")
+    assert port_errors(text) == {"out_of_buffer": 17, "rx_icrc_encapsulated": 0} and exposed(
+        text, "rdma_port_tx_bytes_total"
+    )
 
 
 def test_a_dangling_counter_link_is_a_read_error(tmp_path):
@@ -1018,7 +1056,9 @@ def test_a_dangling_counter_link_is_a_read_error(tmp_path):
     (port / "counters" / "symbol_error").symlink_to("nowhere")
     text = served_after(tmp_path)
     assert read_errors(text) == {"unreadable": 1}
-    assert port_errors(text) == {"out_of_buffer": 17} and exposed(text, "rdma_port_tx_bytes_total")
+    assert port_errors(text) == {"out_of_buffer": 17, "rx_icrc_encapsulated": 0} and exposed(
+        text, "rdma_port_tx_bytes_total"
+    )
 
 
 def test_a_counter_file_removed_between_scrapes_is_a_read_error(tmp_path, monkeypatch):
@@ -1026,7 +1066,9 @@ def test_a_counter_file_removed_between_scrapes_is_a_read_error(tmp_path, monkey
     sysfs_pread(monkeypatch)
     text = served_after(tmp_path, scrapes=2, between=(port / "counters" / "symbol_error").unlink)
     assert read_errors(text) == {"unreadable": 1}
-    assert port_errors(text) == {"out_of_buffer": 17} and exposed(text, "rdma_port_tx_bytes_total")
+    assert port_errors(text) == {"out_of_buffer": 17, "rx_icrc_encapsulated": 0} and exposed(
+        text, "rdma_port_tx_bytes_total"
+    )
 
 
 def test_a_dangling_device_link_is_a_read_error_and_the_other_devices_export(tmp_path):
@@ -1054,3 +1096,162 @@ def test_an_unreadable_port_directory_is_a_read_error_not_an_empty_port(tmp_path
     text = served_after(tmp_path)
     assert read_errors(text) == {"unreadable": 1}
     assert {dict(labels)["port"] for labels in exposed(text, "rdma_port_tx_bytes_total")} == {"1"}
+
+
+# --- parity with node_exporter's infiniband collector, over the served exposition ------------------------------
+
+NODE_EXPORTER_FIXTURE = FIXTURE.parent / "node_exporter"  # node_exporter's own tree and golden output (PROVENANCE)
+# node_exporter's node_infiniband_<name> -> (the kvscope series serving it, the labels that pick it), as README.md's
+# "RDMA series" table says; the labels device and port (and info's) are compared as they are.
+_TX, _RX = {"direction": "tx"}, {"direction": "rx"}
+NODE_EXPORTER_SERIES: dict[str, tuple[str, dict[str, str]]] = {
+    "info": ("rdma_device_info", {}),
+    "state_id": ("rdma_port_state", {}),
+    "physical_state_id": ("rdma_port_physical_state", {}),
+    "rate_bytes_per_second": ("rdma_port_rate_bytes_per_second", {}),
+    "port_data_transmitted_bytes_total": ("rdma_port_data_bytes_total", _TX),
+    "port_data_received_bytes_total": ("rdma_port_data_bytes_total", _RX),
+    "port_packets_transmitted_total": ("rdma_port_packets_total", _TX),
+    "port_packets_received_total": ("rdma_port_packets_total", _RX),
+    "unicast_packets_transmitted_total": ("rdma_port_unicast_packets_total", _TX),
+    "unicast_packets_received_total": ("rdma_port_unicast_packets_total", _RX),
+    "multicast_packets_transmitted_total": ("rdma_port_multicast_packets_total", _TX),
+    "multicast_packets_received_total": ("rdma_port_multicast_packets_total", _RX),
+    "legacy_data_transmitted_bytes_total": ("rdma_port_legacy_data_bytes_total", _TX),
+    "legacy_data_received_bytes_total": ("rdma_port_legacy_data_bytes_total", _RX),
+    "legacy_packets_transmitted_total": ("rdma_port_legacy_packets_total", _TX),
+    "legacy_packets_received_total": ("rdma_port_legacy_packets_total", _RX),
+    "legacy_unicast_packets_transmitted_total": ("rdma_port_legacy_unicast_packets_total", _TX),
+    "legacy_unicast_packets_received_total": ("rdma_port_legacy_unicast_packets_total", _RX),
+    "legacy_multicast_packets_transmitted_total": ("rdma_port_legacy_multicast_packets_total", _TX),
+    "legacy_multicast_packets_received_total": ("rdma_port_legacy_multicast_packets_total", _RX),
+    "port_transmit_wait_total": ("rdma_port_transmit_wait_total", {}),
+    **{
+        f"{name}_total": ("rdma_port_errors_total", {"error": error})
+        for name, error in (
+            ("symbol_error", "symbol_error"),
+            ("link_downed", "link_downed"),
+            ("link_error_recovery", "link_error_recovery"),
+            ("port_errors_received", "port_rcv_errors"),
+            ("port_receive_remote_physical_errors", "port_rcv_remote_physical_errors"),
+            ("port_receive_switch_relay_errors", "port_rcv_switch_relay_errors"),
+            ("port_discards_transmitted", "port_xmit_discards"),
+            ("port_discards_received", "port_rcv_discards"),
+            ("port_constraint_errors_transmitted", "port_xmit_constraint_errors"),
+            ("port_constraint_errors_received", "port_rcv_constraint_errors"),
+            ("local_link_integrity_errors", "local_link_integrity_errors"),
+            ("excessive_buffer_overrun_errors", "excessive_buffer_overrun_errors"),
+            ("vl15_dropped", "VL15_dropped"),
+            ("out_of_buffer_drops", "out_of_buffer"),
+            ("out_of_sequence_packets_received", "out_of_sequence"),
+            ("packet_sequence_errors", "packet_seq_err"),
+            ("local_ack_timeout_errors", "local_ack_timeout_err"),
+            ("rnr_nak_retry_packets_received", "rnr_nak_retry_err"),
+            ("rx_icrc_encapsulated_errors", "rx_icrc_encapsulated"),
+        )
+    },
+    **{
+        f"{name}_total": ("rdma_port_completion_errors_total", {"error": error})
+        for name, error in (
+            ("req_cqes_errors", "req_cqe_error"),
+            ("req_cqes_flush_errors", "req_cqe_flush_error"),
+            ("req_remote_access_errors", "req_remote_access_errors"),
+            ("req_remote_invalid_request_errors", "req_remote_invalid_request"),
+            ("resp_cqes_errors", "resp_cqe_error"),
+            ("resp_cqes_flush_errors", "resp_cqe_flush_error"),
+            ("resp_local_length_errors", "resp_local_length_error"),
+            ("resp_remote_access_errors", "resp_remote_access_errors"),
+        )
+    },
+    **{
+        f"{name}_total": ("rdma_port_transport_events_total", {"event": event})
+        for name, event in (
+            ("duplicate_requests_packets", "duplicate_request"),
+            ("implied_nak_seq_errors", "implied_nak_seq_err"),
+            ("roce_adp_retransmits", "roce_adp_retrans"),
+            ("roce_adp_retransmits_timeout", "roce_adp_retrans_to"),
+            ("roce_slow_restart_used", "roce_slow_restart"),
+            ("roce_slow_restart_cnps", "roce_slow_restart_cnps"),
+            ("roce_slow_restart", "roce_slow_restart_trans"),
+        )
+    },
+    "np_cnp_packets_sent_total": ("rdma_port_congestion_total", {"event": "cnp_sent"}),
+    "np_ecn_marked_roce_packets_received_total": ("rdma_port_congestion_total", {"event": "ecn_marked"}),
+    "rp_cnp_packets_handled_total": ("rdma_port_congestion_total", {"event": "cnp_handled"}),
+    "rp_cnp_ignored_packets_received_total": ("rdma_port_congestion_total", {"event": "cnp_ignored"}),
+    "rx_read_requests_total": ("rdma_port_received_requests_total", {"op": "read"}),
+    "rx_write_requests_total": ("rdma_port_received_requests_total", {"op": "write"}),
+    "rx_atomic_requests_total": ("rdma_port_received_requests_total", {"op": "atomic"}),
+    "rx_dct_connect_requests_total": ("rdma_port_received_requests_total", {"op": "dct_connect"}),
+    "lifespan_seconds": ("rdma_port_counters_lifespan_seconds", {}),
+}
+# node_exporter's hw counter series (its fixture has no hw_counters/, so its golden output has none): by file.
+NODE_EXPORTER_HW = {
+    "duplicate_requests_packets_total": "duplicate_request",
+    "implied_nak_seq_errors_total": "implied_nak_seq_err",
+    "local_ack_timeout_errors_total": "local_ack_timeout_err",
+    "out_of_buffer_drops_total": "out_of_buffer",
+    "out_of_sequence_packets_received_total": "out_of_sequence",
+    "packet_sequence_errors_total": "packet_seq_err",
+    "req_cqes_errors_total": "req_cqe_error",
+    "req_cqes_flush_errors_total": "req_cqe_flush_error",
+    "req_remote_access_errors_total": "req_remote_access_errors",
+    "req_remote_invalid_request_errors_total": "req_remote_invalid_request",
+    "resp_cqes_errors_total": "resp_cqe_error",
+    "resp_cqes_flush_errors_total": "resp_cqe_flush_error",
+    "resp_local_length_errors_total": "resp_local_length_error",
+    "resp_remote_access_errors_total": "resp_remote_access_errors",
+    "rnr_nak_retry_packets_received_total": "rnr_nak_retry_err",
+    "roce_adp_retransmits_total": "roce_adp_retrans",
+    "roce_adp_retransmits_timeout_total": "roce_adp_retrans_to",
+    "roce_slow_restart_used_total": "roce_slow_restart",
+    "roce_slow_restart_cnps_total": "roce_slow_restart_cnps",
+    "roce_slow_restart_total": "roce_slow_restart_trans",
+    "rx_atomic_requests_total": "rx_atomic_requests",
+    "rx_dct_connect_requests_total": "rx_dct_connect",
+    "rx_read_requests_total": "rx_read_requests",
+    "rx_write_requests_total": "rx_write_requests",
+}
+
+
+def node_exporter_golden() -> dict[tuple[str, frozenset], float]:
+    """node_exporter's golden infiniband samples: (name without node_infiniband_, labels) -> value."""
+    golden = {}
+    for line in (NODE_EXPORTER_FIXTURE / "e2e-output-infiniband.txt").read_text().splitlines():
+        if line.startswith("node_infiniband_"):
+            name, _, rest = line.removeprefix("node_infiniband_").partition("{")
+            labels, _, number = rest.rpartition("} ")
+            golden[(name, frozenset(re.findall(r'(\w+)="([^"]*)"', labels)))] = float(number)
+    return golden
+
+
+def served_as_node_exporter(text: str) -> dict[tuple[str, frozenset], float]:
+    """The served exposition read back through NODE_EXPORTER_SERIES: what node_exporter would call each series."""
+    found = {}
+    for name, (series, picked) in NODE_EXPORTER_SERIES.items():
+        for labels, number in exposed(text, series).items():
+            label_map = dict(labels)
+            if all(label_map.get(key) == wanted for key, wanted in picked.items()):
+                kept = ("device", "port") if name != "info" else ("device", "board_id", "firmware_version", "hca_type")
+                found[(name, frozenset((key, label_map[key]) for key in kept))] = number
+    return found
+
+
+def test_the_served_exposition_has_every_series_node_exporter_serves_for_its_own_fixture(check_metrics):
+    golden = node_exporter_golden()
+    assert len(golden) == 51 and {name for name, _ in golden} <= set(NODE_EXPORTER_SERIES)
+    text = served_after(NODE_EXPORTER_FIXTURE / "sysfs")
+    assert served_as_node_exporter(text) == golden  # no series missing, none more, every value node_exporter's
+    check_metrics(text)
+
+
+def test_the_served_hw_counters_are_node_exporters_with_their_sysfs_values():
+    # node_exporter's golden output has no hw counters: held against the mlx5_0 files of the procfs capture instead.
+    text = served_after(FIXTURE)
+    served = served_as_node_exporter(text)
+    hw = FIXTURE / "class" / "infiniband" / "mlx5_0" / "ports" / "1" / "hw_counters"
+    port = frozenset({("device", "mlx5_0"), ("port", "1")})
+    for name, file in NODE_EXPORTER_HW.items():
+        assert served[(name, port)] == int((hw / file).read_text()), name
+    assert served[("lifespan_seconds", port)] == int((hw / "lifespan").read_text()) / 1000  # ms; not truncated
+    assert {name for name, labels in served if labels == port} >= set(NODE_EXPORTER_HW)
