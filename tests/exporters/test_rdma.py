@@ -1255,3 +1255,30 @@ def test_the_served_hw_counters_are_node_exporters_with_their_sysfs_values():
         assert served[(name, port)] == int((hw / file).read_text()), name
     assert served[("lifespan_seconds", port)] == int((hw / "lifespan").read_text()) / 1000  # ms; not truncated
     assert {name for name, labels in served if labels == port} >= set(NODE_EXPORTER_HW)
+
+
+# --- the golden exposition ------------------------------------------------------------------------------------
+
+# The RDMA part of /metrics for the procfs capture, sorted. Regenerate after a deliberate change with
+# `KVSCOPE_UPDATE_GOLDEN=1 .venv/bin/python -m pytest -q tests/exporters/test_rdma.py -k golden` (README.md) and
+# review the diff.
+GOLDEN = FIXTURE.parent / "rdma-e2e-output.txt"
+
+
+def rdma_exposition(text: str) -> list[str]:
+    """The lines of an exposition about the rdma_* series (samples, HELP and TYPE), sorted."""
+    return sorted(line for line in text.splitlines() if re.match(r"(# (HELP|TYPE) )?rdma_", line))
+
+
+def test_golden_exposition_of_the_fixture_tree():
+    text = served_after(FIXTURE, roles={"mlx5_0": "nof", "mlx4_0/2": "dram"})
+    lines = rdma_exposition(text)
+    if os.environ.get("KVSCOPE_UPDATE_GOLDEN"):
+        GOLDEN.write_text("".join(f"{line}\n" for line in lines))
+    golden = GOLDEN.read_text().splitlines()
+    missing, extra = sorted(set(golden) - set(lines)), sorted(set(lines) - set(golden))
+    assert (missing, extra) == ([], []), "served differs from rdma-e2e-output.txt (missing, extra)"
+    assert lines == golden
+    assert 'host="node-a"' in text and socket.gethostname() not in {
+        label for line in lines for label in re.findall(r'host="([^"]*)"', line)
+    }
