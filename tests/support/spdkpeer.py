@@ -21,7 +21,9 @@ from typing import Any
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "spdk"
 
-Answer = str | dict  # a capture's path under FIXTURES, or a DERIVED {"result": ...} / {"error": ...}
+# A capture's path under FIXTURES, a DERIVED {"result": ...} / {"error": ...}, or DERIVED bytes: a whole JSON-RPC
+# response as sent (for what json.dumps cannot write, such as an integer literal of thousands of digits).
+Answer = str | dict | bytes
 
 
 def capture(path: str) -> dict:
@@ -152,6 +154,10 @@ class SpdkPeer:
 
 def envelope(answer: Answer, request_id: int) -> bytes:
     """A capture's bytes with only the envelope id set to the request's; or a DERIVED answer, compact like SPDK."""
+    if isinstance(answer, bytes):
+        out = re.sub(rb'"id":\s*\d+', b'"id":%d' % request_id, answer, count=1)
+        assert re.search(rb'"id":%d\b' % request_id, out)
+        return out
     if isinstance(answer, dict):
         return json.dumps({"jsonrpc": "2.0", "id": request_id, **answer}, separators=(",", ":")).encode() + b"\n"
     raw = (FIXTURES / answer).read_bytes()
