@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import copy
 import itertools
+import logging
 import re
 import struct
 import time
@@ -18,15 +20,18 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from support.realservers import served_exposition
-from support.spdkpeer import Answer, SpdkPeer, capture
+from support.spdkpeer import FIXTURES, Answer, SpdkPeer, capture
 
-from kvscope.exporters.base import CollectError, collectors
+from kvscope.exporters.base import CollectError, ReadError, collectors
 from kvscope.exporters.config import ConfigError, parse_config
 from kvscope.exporters.normalizer import mapping_for
 from kvscope.exporters.scrape import Scraper
 from kvscope.exporters.spdk import SpdkCollector
-from kvscope.samples import Sample
+from kvscope.exporters.spdk_answers import U64_DIGITS, Answers, Memory, Roles, loads
+from kvscope.exporters.spdk_answers import samples as answer_samples
+from kvscope.samples import Sample, labels_of
 
 NQN = "nqn.2016-06.io.spdk:kvcache1"
 LVOL = "6d2078a0-f0f4-4867-b6f3-e06beb3c2cc0"  # lvs0/lvol0: its bdev name is its UUID
@@ -736,3 +741,174 @@ def test_the_scrape_loop_runs_it(peer_factory):
 def test_bad_configs_are_named(target, message):
     with pytest.raises(ConfigError, match=message):
         parse_config({"targets": [{"name": "spdk-a", "source": "spdk", **target}]})
+
+
+# -- answers SPDK would not write: read errors of their method, the rest exported ----------------------------------
+
+
+def _result_of(path: str, edit: Callable[[Any], None]) -> dict:
+    """DERIVED: the capture's result, changed by `edit` (in place)."""
+    result = copy.deepcopy(capture(path)["result"])
+    edit(result)
+    return {"result": result}
+
+
+def _iostat_field(bdev: str, key: str, new: Any) -> dict:
+    def edit(result: dict) -> None:
+        next(b for b in result["bdevs"] if b["name"] == bdev)[key] = new
+
+    return _result_of("live/bdev_get_iostat.json", edit)
+
+
+def _long_digits() -> bytes:
+    """DERIVED bytes: the iostat capture with Malloc0's bytes_written written with 5000 digits (json.dumps and
+    int() refuse more than 4300)."""
+    raw = (FIXTURES / "live/bdev_get_iostat.json").read_bytes()
+    assert raw.count(b'"bytes_written":951566336,') == 1  # Malloc0's
+    return raw.replace(b'"bytes_written":951566336,', b'"bytes_written":' + b"9" * 5000 + b",")
+
+
+def _without(path: str, key: str, pick: Callable[[Any], dict]) -> dict:
+    return _result_of(path, lambda result: pick(result).pop(key))
+
+
+def _served_series(text: str) -> dict[tuple[str, frozenset], float]:
+    return {
+        (s.name, frozenset((k, v) for k, v in s.labels.items() if not k.startswith("otel_scope"))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def _one(found: dict[tuple[str, frozenset], float], name: str, **labels: str) -> list[float]:
+    return [v for (n, ls), v in found.items() if n == name and set(labels.items()) <= ls]
+
+
+def series_key(name: str, **labels: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+    return name, tuple(sorted(labels.items()))
+
+
+M0_READ = series_key("storage_bdev_read_bytes_total", bdev="Malloc0")
+M0_WRITTEN = series_key("storage_bdev_written_bytes_total", bdev="Malloc0")
+LVOL_READ = series_key("storage_bdev_read_bytes_total", bdev=LVOL)
+LVOL_WRITTEN = series_key("storage_bdev_written_bytes_total", bdev=LVOL)
+TIER_READ = series_key("kv_tier_read_bytes_total", tier="nof")
+TIER_WRITTEN = series_key("kv_tier_written_bytes_total", tier="nof")
+TIER_ALLOCATED = series_key("kv_tier_allocated_bytes", tier="nof")
+TIER_CAPACITY = series_key("kv_tier_capacity_bytes", tier="nof")
+BUSY = series_key("storage_reactor_busy_seconds_total", lcore="0")
+IDLE = series_key("storage_reactor_idle_seconds_total", lcore="0")
+EXPORTED = {  # the live target's values (see the tests above); tier nof = Malloc0 + the lvol (what kvcache1 exports)
+    M0_READ: 2227339264,
+    M0_WRITTEN: 951566336,
+    LVOL_READ: 1750532096,
+    LVOL_WRITTEN: 752439296,
+    TIER_READ: 3977871360,
+    TIER_WRITTEN: 1704005632,
+    TIER_ALLOCATED: 33554432,
+    TIER_CAPACITY: 130023424,
+    BUSY: approx(24639920196 / TICK_RATE),
+    IDLE: approx(58028910781 / TICK_RATE),
+}
+
+
+@pytest.mark.parametrize(
+    ("method", "answer", "reason", "absent"),
+    [
+        # a counter of the wrong type: its series is absent, and so is the tier's sum it is part of (not partial)
+        ("bdev_get_iostat", _iostat_field("Malloc0", "bytes_read", "2227339264"), "unparseable", [M0_READ, TIER_READ]),
+        ("bdev_get_iostat", _iostat_field(LVOL, "bytes_written", None), "unparseable", [LVOL_WRITTEN, TIER_WRITTEN]),
+        # out of a uint64 counter's range: negative, 2^64, 5000 digits (which used to stall the client to the deadline)
+        ("bdev_get_iostat", _iostat_field("Malloc0", "bytes_read", -1), "out_of_range", [M0_READ, TIER_READ]),
+        ("bdev_get_iostat", _iostat_field(LVOL, "bytes_written", 2**64), "out_of_range", [LVOL_WRITTEN, TIER_WRITTEN]),
+        ("bdev_get_iostat", _long_digits(), "out_of_range", [M0_WRITTEN, TIER_WRITTEN]),
+        # a field SPDK always writes, missing
+        (
+            "framework_get_reactors",
+            _without("live/framework_get_reactors.json", "busy", lambda result: result["reactors"][0]),
+            "unparseable",
+            [BUSY],
+        ),
+        (
+            "bdev_lvol_get_lvstores",
+            _without("live/bdev_lvol_get_lvstores.json", "free_clusters", lambda result: result[0]),
+            "unparseable",
+            [TIER_ALLOCATED, TIER_CAPACITY],
+        ),
+        # a result of the wrong shape (the reactors' list without its object)
+        (
+            "framework_get_reactors",
+            {"result": capture("live/framework_get_reactors.json")["result"]["reactors"]},
+            "unparseable",
+            [BUSY, IDLE],
+        ),
+    ],
+    ids=[
+        "string",
+        "null",
+        "negative",
+        "2^64",
+        "5000-digits",
+        "no-reactor-busy",
+        "no-free-clusters",
+        "reactors-not-an-object",
+    ],
+)
+def test_a_bad_answer_is_a_read_error_of_its_method_and_the_rest_is_exported(
+    peer_factory, caplog, method, answer, reason, absent
+):
+    """Captures mutated one way each, served through the scrape loop and the OpenTelemetry bridge: the series the
+    bad value would have given are absent, the read error is counted with its reason and logged naming the RPC
+    method, the target stays up and everything else is exported as the live target reports it."""
+    peer = peer_factory(replacing(live_target, **{method: answer}))
+    target = {"name": "spdk-a", "source": "spdk", "socket": peer.listener.getsockname(), "labels": {"role": "nof"}}
+    with caplog.at_level(logging.WARNING, logger="kvscope.exporters.scrape"):
+        text = served_exposition(parse_config({"exporter": {"listen_port": 0}, "targets": [target]}))
+    found = _served_series(text)
+    health = {"target": "spdk-a", "source": "spdk"}
+    assert _one(found, "kvscope_target_up", **health) == [1]
+    assert _one(found, "kvscope_scrape_errors_total", **health) == [0]
+    errors_by_reason = {
+        dict(ls)["reason"]: v for (n, ls), v in found.items() if n == "kvscope_source_read_errors_total"
+    }
+    assert errors_by_reason == {reason: 1}
+    warnings = [r.getMessage() for r in caplog.records if r.name == "kvscope.exporters.scrape"]
+    assert len(warnings) == 1 and warnings[0].startswith(f"spdk-a: {method}: ") and warnings[0].endswith(f"({reason})")
+    for name, labels in absent:
+        assert _one(found, name, **dict(labels)) == [], (name, labels)
+    for (name, labels), expected in EXPORTED.items():
+        if (name, labels) not in absent:
+            assert _one(found, name, **dict(labels)) == [expected], (name, labels)
+
+
+def test_the_parsers_read_the_captures_alone(peer_factory):
+    """spdk_answers.samples on the live captures, no socket: exactly the samples the collector gives over the wire."""
+    results = {method: loads((FIXTURES / f"live/{method}.json").read_bytes())["result"] for method in LIVE_METHODS}
+    version = results.pop("spdk_get_version")
+    answers = Answers(version=version, iostat=[capture("live/bdev_get_iostat.json")["result"]], results=results)
+    parsed, read_errors = answer_samples(answers, Roles(default="nof"), Memory())
+    assert read_errors == []
+    (scraped,) = scrapes(make_collector(peer_factory(), labels={"role": "nof"}))
+    assert sorted(parsed, key=repr) == sorted(scraped, key=repr)
+    m0 = labels_of({"bdev": "Malloc0", "subsystem": NQN, "role": "nof", "tier": "nof"})
+    assert [s.value for s in parsed if (s.name, s.labels) == ("spdk_bdev_bytes_read", m0)] == [2227339264]
+
+
+def test_a_counter_written_with_more_digits_than_any_uint64_is_never_given_to_int():
+    assert U64_DIGITS == 20
+    top = b'{"tick_rate":2450000000,"ticks":1,"bdevs":[{"name":"Malloc0","bytes_read":%s,"num_read_ops":%s}]}'
+    for digits, expected in [
+        (b"18446744073709551615", ("ok", 18446744073709551615)),  # 2^64-1: the largest counter
+        (b"18446744073709551616", ("out_of_range", "18446744073709551616 is outside 0..2^64-1")),
+        (b"1" * 21, ("out_of_range", "<21-digit integer> is beyond 2^64-1")),
+        (b"7" * 100_000, ("out_of_range", "<100000-digit integer> is beyond 2^64-1")),
+    ]:
+        result = loads(top % (digits, b"5"))
+        samples, read_errors = answer_samples(Answers(iostat=[result]), Roles(), Memory())
+        got = [s.value for s in samples if s.name == "spdk_bdev_bytes_read"]
+        assert [s.value for s in samples if s.name == "spdk_bdev_num_read_ops"] == [5]  # the rest of the bdev stays
+        if expected[0] == "ok":
+            assert got == [float(expected[1])] and read_errors == []
+        else:
+            assert got == []
+            assert read_errors == [ReadError("out_of_range", "bdev_get_iostat", f"Malloc0: bytes_read: {expected[1]}")]
