@@ -83,9 +83,11 @@ def _short(value: str) -> str:
 def statistic_json(text: str) -> list[tuple[str, str, dict[str, int]]] | None:
     """(device, port, counters) per port of `rdma -j statistic show`; None when it is not that JSON.
 
-    Current iproute2 prints one JSON array of port objects (`{"ifname": "mlx5_0", "port": 1, "rx_write_requests":
-    0, ...}`); the parser also takes one object per line (what a `-j` output without the array would be) and a
-    single object. Counters that are not integers (booleans, strings, nested objects) are left out."""
+    iproute2 prints one JSON array of port objects (`{"ifname": "mlx5_0", "port": 1, "rx_write_requests": 0,
+    ...}`), on one line or, with -p, over several: every version whose source was read (v5.4.0's own JSON writer,
+    v6.1.0's common one; tests/fixtures/rdma/PROVENANCE.md). The parser also takes one object per line and a
+    single object, shapes no known version prints (a tolerance, not a format). Counters that are not integers
+    (booleans, strings, nested objects) are left out."""
     text = text.strip()
     if not text:
         return []

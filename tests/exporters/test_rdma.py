@@ -811,6 +811,7 @@ def test_host_label_defaults(tmp_path):
 
 # --- rdma -j statistic show -----------------------------------------------------------------------------------------
 
+# Hand-written, not a capture: the shape iproute2 6.1.0's source prints (PROVENANCE.md, "rdma-tool/").
 STATISTIC_JSON = """[{"ifname":"mlx5_0","port":1,"out_of_buffer":17,"np_cnp_sent":4242,"rdma_tx_bytes":777000,\
 "rdma_rx_bytes":888000,"cc_rx_ce_pkts":12},{"ifname":"mlx5_7","port":1,"rdma_tx_bytes":1}]
 """
@@ -875,11 +876,51 @@ def test_rdma_tool_is_off_by_default(tmp_path):
 
 
 def test_statistic_json_forms():
+    # Hand-written: iproute2's sources print one array (tests/fixtures/rdma/PROVENANCE.md, "rdma-tool/"); a single
+    # object and one object per line are tolerated shapes no known iproute2 version prints.
     assert parse_statistic_json("") == []
     assert parse_statistic_json('{"ifname": "m", "port": 2, "a": 1, "flag": true, "s": "x"}') == [("m", "2", {"a": 1})]
     lines = '{"ifname": "m", "port": 1, "a": 1}\n{"ifname": "m", "port": 2, "a": 2}'
     assert parse_statistic_json(lines) == [("m", "1", {"a": 1}), ("m", "2", {"a": 2})]
     assert parse_statistic_json("garbage") is None
+    pretty = '[ {\n    "ifname": "m",\n    "port": 1,\n    "a": 3\n} ]\n'  # `rdma -j -p`: one array over lines
+    assert parse_statistic_json(pretty) == [("m", "1", {"a": 3})]
+
+
+RDMA_TOOL = FIXTURE.parent / "rdma-tool"  # real captures of iproute2 6.1.0's rdma on a machine without devices
+
+
+def replay_rdma(tmp_path: Path, capture: str) -> str:
+    """An `rdma` that answers `-j statistic show` with a capture's stdout, stderr and exit code, byte for byte."""
+    script = tmp_path / "bin" / "rdma"
+    script.parent.mkdir()
+    files = {part: RDMA_TOOL / f"{capture}.{part}" for part in ("stdout", "stderr")}
+    script.write_text(
+        "#!/bin/sh\n"
+        '[ "$*" = "-j statistic show" ] || exit 2\n'
+        f"cat '{files['stdout']}'\ncat '{files['stderr']}' >&2\n"
+        f"exit {int((RDMA_TOOL / f'{capture}.rc').read_text())}\n"
+    )
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_the_captured_answer_without_rdma_devices_parses_and_is_tool_down(tmp_path):
+    assert parse_statistic_json((RDMA_TOOL / "statistic-show.stdout").read_text()) == []  # nothing on stdout
+    assert (RDMA_TOOL / "statistic-show.stderr").read_text() == "Failed to open NETLINK_RDMA socket\n"
+    roce_host(tmp_path / "sys")
+    tool = replay_rdma(tmp_path, "statistic-show")
+    raw, normalized = scrape(tmp_path / "sys", rdma_tool=True, rdma_tool_path=tool)
+    assert value(raw, "rdma_stat_tool_up") == 0 and find(raw, "rdma_port_stat") == []
+    assert len(bytes_by_port(normalized)) == 2  # the sysfs counters still export
+
+
+@pytest.mark.skipif(shutil.which("rdma") is None, reason="iproute2's rdma is not installed")
+@pytest.mark.skipif(os.path.exists("/sys/class/infiniband"), reason="this machine has RDMA devices")
+def test_the_real_rdma_tool_on_a_machine_without_devices_is_tool_down(tmp_path):
+    roce_host(tmp_path / "sys")
+    raw, _ = scrape(tmp_path / "sys", rdma_tool=True, rdma_tool_path="rdma")
+    assert value(raw, "rdma_stat_tool_up") == 0 and find(raw, "rdma_port_stat") == []
 
 
 # --- pyverbs (optional) ---------------------------------------------------------------------------------------------
