@@ -912,3 +912,98 @@ def test_a_counter_written_with_more_digits_than_any_uint64_is_never_given_to_in
         else:
             assert got == []
             assert read_errors == [ReadError("out_of_range", "bdev_get_iostat", f"Malloc0: bytes_read: {expected[1]}")]
+
+
+def _parsed(**results: Any) -> tuple[list[Sample], list[ReadError]]:
+    """spdk_answers.samples on the given results alone (bdev_get_iostat: one answer), target role nof."""
+    iostat = [results.pop("bdev_get_iostat")] if "bdev_get_iostat" in results else []
+    version = results.pop("spdk_get_version", None)
+    return answer_samples(Answers(version=version, iostat=iostat, results=results), Roles(default="nof"), Memory())
+
+
+@pytest.mark.parametrize(
+    ("method", "prefixes"),
+    [
+        ("nvmf_get_stats", ("spdk_nvmf_poll_group_", "spdk_nvmf_transport")),
+        ("bdev_lvol_get_lvstores", ("spdk_lvstore_",)),
+        ("thread_get_stats", ("spdk_thread_",)),
+        ("framework_get_reactors", ("spdk_reactor_",)),
+        ("spdk_get_version", ("spdk_version_",)),
+    ],
+)
+def test_each_parser_reads_its_capture_alone(method, prefixes):
+    """One method's live capture, nothing else: no read error, and exactly its area's samples of the whole scrape."""
+    alone, read_errors = _parsed(**{method: capture(f"live/{method}.json")["result"]})
+    assert read_errors == [] and alone
+    everything, _ = _parsed(
+        bdev_get_iostat=capture("live/bdev_get_iostat.json")["result"],
+        **{m: capture(f"live/{m}.json")["result"] for m in LIVE_METHODS},
+    )
+    assert sorted(alone, key=repr) == sorted((s for s in everything if s.name.startswith(prefixes)), key=repr)
+
+
+def test_a_subsystems_sum_of_a_field_one_namespace_could_not_read_is_withheld():
+    """kvcache1 = Malloc0 + the lvol: Malloc0's bytes_read unreadable, the subsystem's bytes_read is not reported
+    (it would be the lvol's alone), its other sums are: bytes written 951566336 + 752439296 = 1704005632."""
+    results = {m: capture(f"live/{m}.json")["result"] for m in LIVE_METHODS}
+    iostat = _iostat_field("Malloc0", "bytes_read", "2227339264")["result"]
+    raw, read_errors = _parsed(bdev_get_iostat=iostat, **results)
+    assert [(e.reason, e.what) for e in read_errors] == [("unparseable", "bdev_get_iostat")]
+    assert read_errors[0].detail == "Malloc0: bytes_read: 2227339264 is not a number"
+    assert not named(raw, "spdk_nvmf_subsystem_bytes_read")
+    assert value(raw, "spdk_nvmf_subsystem_bytes_written", subsystem=NQN) == 1704005632
+    assert value(raw, "spdk_nvmf_subsystem_num_read_ops", subsystem=NQN) == 543777 + 427369
+    assert not named(raw, "spdk_bdev_bytes_read")[2:]  # the lvol's and Malloc1's, not Malloc0's
+    # the tier's read bytes are withheld (the lvol's sample of it carries no tier), its written bytes are not
+    assert {s.label_map["tier"] for s in named(raw, "spdk_bdev_bytes_read")} == {""}
+    assert value(raw, "spdk_bdev_bytes_written", bdev="Malloc0", tier="nof") == 951566336
+
+
+@pytest.mark.parametrize(
+    ("method", "edit", "error"),
+    [
+        (
+            "thread_get_stats",
+            lambda r: r["threads"][0].pop("idle"),
+            ("unparseable", "app_thread: no idle"),
+        ),
+        (
+            "thread_get_stats",
+            lambda r: r.pop("tick_rate"),
+            ("unparseable", "no tick_rate for the fields in ticks"),
+        ),
+        (
+            "bdev_get_bdevs",
+            lambda r: r[0].pop("num_blocks"),
+            ("unparseable", "Malloc0: no num_blocks"),
+        ),
+        (
+            "bdev_get_bdevs",
+            lambda r: r[0].update(block_size=-4096),
+            ("out_of_range", "Malloc0: block_size: -4096 is outside 0..2^64-1"),
+        ),
+        (
+            "bdev_lvol_get_lvstores",
+            lambda r: r[0].update(free_clusters=32),
+            ("out_of_range", "lvs0: 32 free of 31 clusters"),
+        ),
+        (
+            "nvmf_get_stats",
+            lambda r: r["poll_groups"][0].update(completed_nvme_io=1.5e20),
+            ("out_of_range", "nvmf_tgt_poll_group_000: completed_nvme_io: 1.5e+20 is outside 0..2^64-1"),
+        ),
+        (
+            "framework_get_reactors",
+            lambda r: r["reactors"][0]["lw_threads"][0].update(elapsed=True),
+            ("unparseable", "lcore 0: app_thread: elapsed: True is not a number"),
+        ),
+    ],
+    ids=["no-idle", "no-tick-rate", "no-num-blocks", "negative-size", "more-free-than-total", "1.5e20", "bool"],
+)
+def test_each_parser_counts_a_bad_value_of_its_capture_as_a_read_error_of_its_method(method, edit, error):
+    result = copy.deepcopy(capture(f"live/{method}.json")["result"])
+    edit(result)
+    good, _ = _parsed(**{method: capture(f"live/{method}.json")["result"]})
+    raw, read_errors = _parsed(**{method: result})
+    assert [(e.reason, e.what, e.detail) for e in read_errors] == [(error[0], method, error[1])]
+    assert raw and len(raw) < len(good)  # what the bad value gave is missing, the rest of the answer is read
