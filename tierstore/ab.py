@@ -28,6 +28,7 @@ from kvscope.tierstore.planner import Plan, RoundPlan, plan
 from kvscope.tierstore.policies import MooncakePolicy, make_policy
 from kvscope.tierstore.store import KVStore, NoStore, TieredStore
 from kvscope.tierstore.tier import Tier
+from kvscope.tierstore.ttft import TtftModel
 from kvscope.tierstore.workloads import make_workload
 
 
@@ -77,16 +78,43 @@ def build_store(
     return TieredStore(tiers, arm.placement, arm.promote_on_hit, attached)
 
 
-def build_engine(scenario: spec.Scenario, store: KVStore, clock: RequestClock | None = None) -> EngineEmulator:
+def build_engine(
+    scenario: spec.Scenario, store: KVStore, clock: RequestClock | None = None, arm: spec.ArmSpec | None = None
+) -> EngineEmulator:
     """The engine emulator; its GPU tier is `engine.gpu_cache`, or the model of a real vLLM's prefix cache (its
     blocks but the one vLLM keeps back, freed tail first) when a mirror simulates a vLLM arm. `clock` says when its
-    requests happen, for a store whose evictions go by time."""
+    requests happen, for a store whose evictions go by time. With `engine.gpu` or a `fabric`, TTFT comes from the
+    TTFT model (`ttft_model`), each of `arm`'s tiers loading over its link."""
     gpu_spec, real = scenario.engine.gpu_cache, scenario.engine.vllm
     gpu = Tier("gpu", gpu_spec.capacity, make_policy(gpu_spec.policy)) if gpu_spec else None
     if real is not None:
         gpu = Tier("gpu", (real.gpu_blocks - 1) * scenario.block_bytes, make_policy("tail_first"))
+    model = ttft_model(scenario)
+    links = [(scenario.tier_link(arm, index) if arm else ("east_west" if index == 0 else "north_south"),
+              tier.read_bandwidth) for index, tier in enumerate(store.tiers)]  # fmt: skip
     return EngineEmulator(store, scenario.block_tokens, scenario.block_bytes, scenario.engine.prefill_tokens_per_s, gpu,
-                          saves_whole_chain=real is not None, clock=clock)  # fmt: skip
+                          saves_whole_chain=real is not None, clock=clock, ttft_model=model,
+                          tier_links=links)  # fmt: skip
+
+
+def ttft_model(scenario: spec.Scenario) -> TtftModel | None:
+    """The scenario's TTFT model (kvscope.tierstore.ttft), or None where it keeps the simple one (no engine.gpu,
+    no fabric)."""
+    engine, fabric = scenario.engine, scenario.fabric
+    if fabric is None:
+        return None
+    shape = scenario.kv.model
+    return TtftModel(
+        scenario.kv.token_bytes,
+        fabric.links(engine.concurrency),
+        shape.compute() if shape and engine.gpu else None,
+        engine.gpu.gpus() if engine.gpu else None,
+        engine.prefill_tokens_per_s,
+        shape.layers if shape else 1,
+        engine.overlap_loading,
+        engine.topology == "pd_disaggregated",
+        engine.overhead,
+    )
 
 
 def request_clock(arm: spec.ArmSpec, store: KVStore, real_rows: Sequence[dict] = ()) -> RequestClock | None:
@@ -95,6 +123,9 @@ def request_clock(arm: spec.ArmSpec, store: KVStore, real_rows: Sequence[dict] =
     if isinstance(store, TieredStore) and store.clocked:
         return RequestClock(arm.mooncake_settings.request_interval, real_rows)
     return None
+
+
+TTFT_PARTS = ("compute", "load", "pd_transfer", "overhead")
 
 
 @dataclass
@@ -107,6 +138,7 @@ class _RoundTally:
     put_bytes: int = 0
     ttft_s: list[float] = field(default_factory=list)
     request_hit_tokens: list[int] = field(default_factory=list)
+    ttft_parts: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TTFT_PARTS, 0.0))
 
     def add(self, served: Served) -> None:
         self.requests += 1
@@ -117,6 +149,9 @@ class _RoundTally:
         self.recompute_tokens += served.recompute_tokens
         self.put_bytes += served.put_bytes
         self.ttft_s.append(served.ttft_s)
+        if served.ttft_parts is not None:
+            for part in TTFT_PARTS:
+                self.ttft_parts[part] += getattr(served.ttft_parts, part)
 
 
 class ArmRun:
@@ -148,7 +183,7 @@ class ArmRun:
         self.system = published_as or f"{scenario.name}/{name}"
         self.store = build_store(self.spec, scenario.block_bytes, name, workdir, self.system, seed)
         self._ranges = hit_ratio_ranges
-        self.engine = build_engine(scenario, self.store, request_clock(self.spec, self.store, real_rows))
+        self.engine = build_engine(scenario, self.store, request_clock(self.spec, self.store, real_rows), self.spec)
         if published_as:
             ENGINES.publish(published_as, self.engine)
         self._rounds = enumerate(make_workload(scenario).rounds())
@@ -406,9 +441,18 @@ def _round_row(number: int, tally: _RoundTally, planned: RoundPlan, before: dict
         "ttft_s": {
             "mean": statistics.fmean(ttft) if ttft else 0.0,
             "p50": ttft[len(ttft) // 2] if ttft else 0.0,
+            "p90": ttft[min(len(ttft) - 1, int(len(ttft) * 0.9))] if ttft else 0.0,
             "p99": ttft[min(len(ttft) - 1, int(len(ttft) * 0.99))] if ttft else 0.0,
         },
+        "ttft_share": ttft_share(tally.ttft_parts),
     }
+
+
+def ttft_share(parts: dict[str, float]) -> dict[str, float]:
+    """The share of the round's TTFT (summed over its requests) spent on each part: compute, the loading compute
+    did not hide, the PD transfer and the fixed overhead; they add up to 1 (all 0 for a round without time)."""
+    total = sum(parts.values())
+    return {part: seconds / total if total else 0.0 for part, seconds in parts.items()}
 
 
 def arm_totals(rows: list[dict], counters: dict[str, dict[str, int]]) -> dict:

@@ -27,7 +27,17 @@ class _Open(BaseModel):
 class TtftSummary(_Open):
     mean: Seconds
     p50: Seconds
+    p90: Seconds | None = None
     p99: Seconds
+
+
+class TtftShare(_Open):
+    """The share of a round's TTFT (summed over its requests) spent on each part; they add up to 1."""
+
+    compute: Ratio = Field(description="prefill of the tokens not hit")
+    load: Ratio = Field(description="loading the hits, the part compute did not hide")
+    pd_transfer: Ratio = Field(0.0, description="PD-disaggregated: the prompt's KV sent from prefill to decode")
+    overhead: Ratio = Field(0.0, description="the fixed time of every request")
 
 
 class Round(_Open):
@@ -73,6 +83,7 @@ class Round(_Open):
         None, description="vLLM arms and their mirrors: each request's hit tokens, in order"
     )
     ttft_s: TtftSummary | None = None
+    ttft_share: TtftShare | None = None
 
 
 class Totals(_Open):

@@ -5,7 +5,9 @@ consecutive prompt blocks present (GPU-local cache first, then the store's tiers
 less one token (the last token is always computed to produce logits), load those blocks, recompute the rest,
 and save the blocks the store lacks. TTFT is estimated from a cost model: recomputed tokens over prefill
 throughput plus the store's time to load the hits (the embedded store: hit bytes per tier over the bandwidth from
-engine to that tier; a real store: the time its gets took).
+engine to that tier; a real store: the time its gets took); or, given a TTFT model (kvscope.tierstore.ttft), from
+the model's FLOPs on its GPUs, the hits' bytes over the links their tiers sit behind, shared by the requests in
+flight and overlapping compute as the connector does, and a PD-disaggregated engine's transfer to decode.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 
 from kvscope.tierstore.store import KVStore
 from kvscope.tierstore.tier import Tier
+from kvscope.tierstore.ttft import TtftModel, TtftParts
 from kvscope.tierstore.workloads import Request
 
 
@@ -28,6 +31,7 @@ class Served:
     recompute_tokens: int
     put_bytes: int
     ttft_s: float
+    ttft_parts: TtftParts | None = None  # what the TTFT is made of: overhead, compute, exposed loading, PD transfer
 
     @property
     def hit_tokens(self) -> int:
@@ -98,6 +102,8 @@ class EngineEmulator:
         gpu_cache: Tier | None = None,
         saves_whole_chain: bool = False,
         clock: RequestClock | None = None,
+        ttft_model: TtftModel | None = None,
+        tier_links: Sequence[tuple[str, float | None]] = (),
     ) -> None:
         self.store = store
         self.clock = clock  # for a store whose evictions go by time: when each request's lookup and saves happen
@@ -109,6 +115,10 @@ class EngineEmulator:
         self.prefill_tokens_per_s = prefill_tokens_per_s
         self.gpu_cache = gpu_cache
         self.counters = EngineCounters()
+        # the TTFT model, and for each of the store's tiers (in order) the link its loads cross and its medium's
+        # own read bandwidth (None: as fast as the link)
+        self.ttft_model = ttft_model
+        self.tier_links = list(tier_links)
 
     def serve(self, request: Request) -> Served:
         keys, store = request.keys, self.store
@@ -139,7 +149,16 @@ class EngineEmulator:
         counters.gpu_hit_tokens += gpu_blocks * self.block_tokens
         counters.external_hit_tokens += hit.blocks * self.block_tokens
         counters.recompute_tokens += recompute
-        ttft = recompute / self.prefill_tokens_per_s + store.load_seconds(hit)
+        if self.ttft_model is None:
+            compute, load = recompute / self.prefill_tokens_per_s, store.load_seconds(hit)
+            parts = TtftParts(0.0, compute, load, 0.0)
+            ttft = compute + load
+        else:
+            reads: dict[str, list[tuple[int, float | None]]] = {}
+            for nbytes, (link, medium) in zip(hit.read_bytes, self.tier_links, strict=True):
+                reads.setdefault(link, []).append((nbytes, medium))
+            parts = self.ttft_model.parts(request.prompt_tokens, hit_blocks * self.block_tokens, reads)
+            ttft = parts.total
         return Served(
             request.prompt_tokens,
             gpu_blocks * self.block_tokens,
@@ -147,4 +166,5 @@ class EngineEmulator:
             recompute,
             put_bytes,
             ttft,
+            parts,
         )

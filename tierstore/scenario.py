@@ -26,6 +26,7 @@ from pydantic import (
 from kvscope.tierstore.backends import BACKENDS
 from kvscope.tierstore.policies import POLICIES
 from kvscope.tierstore.store import Placement
+from kvscope.tierstore.ttft import GPU_CLASSES, Gpus, Link, ModelCompute
 from kvscope.units import MAX_INTEGER, digits, parse_bandwidth, parse_duration, parse_size
 from kvscope.validation import describe, read_yaml
 
@@ -77,6 +78,7 @@ def _named(pattern: re.Pattern[str], what: str):
 ArmName = Annotated[str, _named(ARM_NAME, "arm name")]
 ScenarioName = Annotated[str, _named(SCENARIO_NAME, "scenario name")]
 StoreKind = Literal["embedded", "mooncake"]
+LinkName = Literal["east_west", "north_south"]
 VLLM_MIN_LEASE_S = 1.0  # covers vLLM's gap between the connector's lookup and its load (see _vllm_engine_fits)
 MOONCAKE_MIN_SEGMENT = 16 * 1024**2  # the store client refuses a smaller global segment ("at least 16777216")
 DTYPE_BYTES = {
@@ -158,6 +160,15 @@ class ModelShape(_Strict):
     head_dim: int | None = Field(None, gt=0)
     kv_lora_rank: int | None = Field(None, gt=0)
     qk_rope_head_dim: int | None = Field(None, ge=0)
+    # What prefill costs (the TTFT model with engine.gpu, kvscope.tierstore.ttft.ModelCompute)
+    active_params: float | None = Field(
+        None, gt=0, description="parameters a token goes through (an MoE's active ones), e.g. 37e9 for DeepSeek-R1"
+    )
+    attention_heads: int | None = Field(None, gt=0, description="query heads (attention's quadratic FLOPs)")
+    qk_head_dim: int | None = Field(
+        None, gt=0, description="query/key dims per head (default head_dim; MLA: qk_nope_head_dim + qk_rope_head_dim)"
+    )
+    v_head_dim: int | None = Field(None, gt=0, description="value dims per head (default head_dim)")
 
     @model_validator(mode="after")
     def _one_attention_kind(self) -> ModelShape:
@@ -168,6 +179,14 @@ class ModelShape(_Strict):
         if gqa == mla:
             raise ValueError("give either kv_heads and head_dim (MHA/GQA) or kv_lora_rank (MLA)")
         return self
+
+    def compute(self) -> ModelCompute | None:
+        """The prefill FLOPs model, when the shape says enough of it (active_params and attention_heads; for MLA
+        qk_head_dim and v_head_dim too); None otherwise."""
+        qk, v = self.qk_head_dim or self.head_dim, self.v_head_dim or self.head_dim
+        if self.active_params is None or self.attention_heads is None or qk is None or v is None:
+            return None
+        return ModelCompute.of(self.active_params, self.layers, self.attention_heads, qk, v)
 
     @property
     def bytes_per_token(self) -> int:
@@ -202,6 +221,11 @@ class TierSpec(_Strict):
     path: Path | None = Field(None, description="file backend: the file that holds the tier's bytes")
     o_direct: bool = False
     read_bandwidth: BytesPerSecond | None = Field(None, description="bandwidth from engine to tier, e.g. 400Gb/s")
+    link: LinkName | None = Field(
+        None,
+        description="with a fabric: the network its loads cross (default: east_west for the first tier, the DRAM "
+        "tier; north_south for the tiers below it, storage)",
+    )
 
     @model_validator(mode="after")
     def _known_names(self) -> TierSpec:
@@ -368,6 +392,52 @@ class VllmSettings(_Strict):
     )
 
 
+def _overlap(value: object) -> object:
+    """on/off (true/false) or the share of the loading that overlaps compute."""
+    return float(value) if isinstance(value, bool) else value
+
+
+class FabricSpec(_Strict):
+    """The networks a request's KV crosses (kvscope.tierstore.ttft.Link): east-west between GPU servers and the
+    DRAM tier (and, PD-disaggregated, from prefill to decode nodes); north-south from GPU servers to the storage
+    tier. Each is a NIC's bandwidth times the NICs of a node (one request is striped over all of them) times the
+    goodput transfers reach, shared by the requests in flight (engine.concurrency)."""
+
+    east_west: BytesPerSecond = Field(description="a NIC's east-west bandwidth, e.g. 400Gb/s")
+    north_south: BytesPerSecond | None = Field(None, description="a NIC's north-south bandwidth, e.g. 200Gb/s")
+    nics: int = Field(1, ge=1, description="east-west NICs of a GPU node")
+    north_south_nics: int = Field(1, ge=1, description="north-south NICs of a GPU node")
+    east_west_goodput: float = Field(1.0, gt=0, le=1, description="share of the east-west line rate transfers get")
+    north_south_goodput: float = Field(1.0, gt=0, le=1, description="share of the north-south line rate they get")
+
+    def links(self, concurrency: int) -> dict[str, Link]:
+        links = {"east_west": Link(self.east_west, self.nics, self.east_west_goodput, concurrency)}
+        if self.north_south is not None:
+            links["north_south"] = Link(self.north_south, self.north_south_nics, self.north_south_goodput, concurrency)
+        return links
+
+
+class GpuSpec(_Strict):
+    """The GPUs a request's prefill runs on: a class of kvscope.tierstore.ttft.GPU_CLASSES (its public peak dense
+    FLOPs), how many, and the share of their peak prefill reaches (MFU)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, serialize_by_alias=True)
+
+    kind: str = Field(alias="class", json_schema_extra={"enum": list(GPU_CLASSES)})
+    count: int = Field(8, ge=1, description="GPUs of one request's prefill (e.g. one 8-GPU node)")
+    efficiency: float = Field(0.4, gt=0, le=1, description="model FLOPs utilization of prefill")
+    dtype: Literal["bf16", "fp8"] = Field("bf16", description="of the weight matmuls; attention runs in BF16")
+
+    @model_validator(mode="after")
+    def _known_class(self) -> GpuSpec:
+        if self.kind not in GPU_CLASSES:
+            raise ValueError(f"class {self.kind!r} is not one of {', '.join(GPU_CLASSES)}")
+        return self
+
+    def gpus(self) -> Gpus:
+        return Gpus(GPU_CLASSES[self.kind], self.count, self.efficiency, self.dtype)
+
+
 class EngineSpec(_Strict):
     kind: Literal["emulator", "vllm"] = Field(
         "emulator", description="emulator: kvscope's model of an engine; vllm: a real vLLM server per arm"
@@ -377,6 +447,18 @@ class EngineSpec(_Strict):
     )
     gpu_cache: GpuCacheSpec | None = Field(None, description="a GPU-local prefix cache in front of the tiers")
     vllm: VllmSettings | None = Field(None, description="kind: vllm only")
+    # The TTFT model (kvscope.tierstore.ttft), on with gpu or a fabric; without them, the simple one above
+    gpu: GpuSpec | None = Field(None, description="prefill compute from the model's FLOPs on these GPUs")
+    topology: Literal["colocated", "pd_disaggregated"] = Field(
+        "colocated",
+        description="pd_disaggregated: prefill nodes send the prompt's KV to decode nodes over east-west before "
+        "the first token",
+    )
+    overlap_loading: Annotated[float, BeforeValidator(_overlap)] = Field(
+        0.0, ge=0, le=1, description="share of the loading that runs layer by layer under compute (true: 1)"
+    )
+    concurrency: int = Field(1, ge=1, description="requests in flight sharing a link")
+    overhead: Seconds = Field(0.0, ge=0, description="fixed time of every request (scheduling, lookups, ...)")
 
     @model_validator(mode="after")
     def _vllm_settings(self) -> EngineSpec:
@@ -386,7 +468,15 @@ class EngineSpec(_Strict):
             raise ValueError("vllm settings apply to kind: vllm only")
         if self.kind == "vllm" and self.gpu_cache is not None:
             raise ValueError("with kind: vllm the GPU tier is vLLM's own prefix cache (vllm.gpu_blocks), not gpu_cache")
+        if self.kind == "vllm" and self.gpu is not None:
+            raise ValueError("engine.gpu models an emulated engine's TTFT; a real vLLM engine's is measured")
         return self
+
+    @property
+    def ttft_knobs(self) -> list[str]:
+        """The TTFT model's keys set away from their defaults (they need engine.gpu or a fabric)."""
+        defaults = {"topology": "colocated", "overlap_loading": 0.0, "concurrency": 1, "overhead": 0.0}
+        return [key for key, default in defaults.items() if getattr(self, key) != default]
 
 
 class PredictionSpec(_Strict):
@@ -404,8 +494,38 @@ class Scenario(_Strict):
     workload: Annotated[MultiRoundWorkload | TraceWorkload, Field(discriminator="kind")]
     kv: KvGeometry
     engine: EngineSpec = EngineSpec()
+    fabric: FabricSpec | None = Field(None, description="the networks of the TTFT model (kvscope.tierstore.ttft)")
     prediction: PredictionSpec = PredictionSpec()
     arms: dict[ArmName, AnyArm] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _ttft_model_fits(self) -> Scenario:
+        engine = self.engine
+        if engine.gpu is None and self.fabric is None:
+            if engine.ttft_knobs:
+                raise ValueError(f"engine.{engine.ttft_knobs[0]} is part of the TTFT model: give engine.gpu or fabric")
+            return self
+        if engine.kind == "vllm":
+            raise ValueError("the TTFT model (engine.gpu, fabric) is an emulated engine's; a real vLLM's is measured")
+        if engine.gpu is not None and (self.kv.model is None or self.kv.model.compute() is None):
+            raise ValueError("engine.gpu needs kv.model with active_params and attention_heads (and, for MLA, "
+                             "qk_head_dim and v_head_dim): the FLOPs of prefill")  # fmt: skip
+        if self.fabric is None:
+            raise ValueError("the TTFT model needs a fabric: {east_west: ...} (the links loads and transfers cross)")
+        for name, arm in self.arms.items():
+            if arm.store == "mooncake":
+                raise ValueError(f"arm {name!r}: a real Mooncake store's loads are timed, not modelled (fabric)")
+            for index, tier in enumerate(arm.tiers):
+                if self.tier_link(arm, index) == "north_south" and self.fabric.north_south is None:
+                    raise ValueError(f"arm {name!r}, tier {tier.name!r} loads over north_south: give "
+                                     "fabric.north_south")  # fmt: skip
+        return self
+
+    @staticmethod
+    def tier_link(arm: ArmSpec, index: int) -> str:
+        """The network the loads of the arm's tier `index` cross: its `link`, else east_west for the first tier (the
+        DRAM tier), north_south for those below it (storage)."""
+        return arm.tiers[index].link or ("east_west" if index == 0 else "north_south")
 
     @model_validator(mode="after")
     def _block_size_agrees(self) -> Scenario:
