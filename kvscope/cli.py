@@ -184,6 +184,47 @@ def ab_run(
         console.print(f"wrote {plot}")
 
 
+@app.command()
+def whatif(
+    scenario: ScenarioPath,
+    vary: Annotated[
+        list[str],
+        typer.Option(
+            "--vary",
+            help="KEY=VALUE[,VALUE...]: a dotted scenario key and the values it takes (repeat for a grid), e.g. "
+            "fabric.east_west=400Gb/s,1.6Tb/s or workload.first_prompt_tokens=10000,100000",
+        ),
+    ],
+    from_round: Annotated[
+        int, typer.Option("--from-round", min=1, help="count the requests of this round on (earlier ones warm up)")
+    ] = 1,
+    arm: Annotated[list[str] | None, typer.Option("--arm", help="serve only this arm (repeat for more)")] = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="draw TTFT p50/p90 and its parts, PNG")] = None,
+) -> None:
+    """Serve SCENARIO once per setting of the swept keys; print TTFT p50 and p90 per setting and arm, with the
+    share spent on compute, on loading (what compute did not hide), on the PD transfer and on the fixed overhead."""
+    from kvscope.tierstore.scenario import ScenarioError
+    from kvscope.tierstore.whatif import SweepError, Vary, sweep, table
+    from kvscope.tierstore.workloads import TraceError
+    from kvscope.validation import read_yaml
+
+    load_scenario(scenario)  # the scenario as written is valid, or exit 2 naming the field
+    try:
+        data = read_yaml(scenario, "scenario", ScenarioError)
+        varies = [Vary.parse(text) for text in vary]
+        points = sweep(data, varies, str(scenario), scenario.parent, from_round, arm)
+    except (SweepError, ScenarioError, TraceError) as error:
+        raise fail(error) from None
+    title = f"{scenario.stem}: TTFT per setting (requests of round {from_round} on)"
+    console.print(table(points, varies, title))
+    if plot:
+        from kvscope.tierstore.whatif import plot as draw
+
+        plot.parent.mkdir(parents=True, exist_ok=True)
+        draw(points, varies, plot, title)
+        console.print(f"wrote {plot}")
+
+
 class _ArmProgress:
     """The A/B's listener on the command line: a progress bar per arm, and the recorder when there is one."""
 
