@@ -8,15 +8,28 @@ A part of a target that cannot be read (a file, an RPC answer) is not a failed s
 with `read_error(reason, what, detail)` and keeps the rest; the scrape loop counts it per target and reason
 (`kvscope_source_read_errors_total{target, source, reason}`) and logs it when it starts and when it ends, as
 Prometheus' node_exporter counts a collector's errors without dropping the scrape.
+
+Work that blocks (reading files, a blocking RPC client) runs through `await self.blocking(fn, *args)`: on a daemon
+thread of the target's own, one call at a time, never on the event loop's shared executor. A read that never
+returns holds only that thread: the scrape waiting for it is abandoned at the target's deadline (the call counted
+as a `timeout` read error), and while it is still stuck every later scrape of the target fails at once (`<target>:
+<what> still blocked after N s`, counted again) instead of starting more threads behind it. Daemon threads are not
+joined at exit, so a stuck read never keeps the process from ending.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import contextvars
 import importlib
 import pkgutil
+import threading
+import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import ClassVar, Literal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -45,6 +58,18 @@ class ReadError:
     detail: str
 
 
+@dataclass(slots=True)
+class _BlockingCall:
+    """The blocking call a collector's thread is running (or ran last)."""
+
+    what: str
+    started: float  # time.monotonic()
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+T = TypeVar("T")
+
+
 class TargetConfig(BaseModel):
     """Fields every target has; a source's `Config` adds its own."""
 
@@ -64,6 +89,7 @@ class Collector(ABC):
 
     source: ClassVar[str]
     Config: ClassVar[type[TargetConfig]] = TargetConfig
+    _blocking: _BlockingCall | None = None  # the call on this target's own thread, the last one started
 
     def __init__(self, config: TargetConfig) -> None:
         self.config = config
@@ -77,6 +103,40 @@ class Collector(ABC):
         """Report a part of the target this scrape could not read, and go on with the rest."""
         self.read_errors.append(ReadError(reason, what, detail))
 
+    async def blocking(self, fn: Callable[..., T], /, *args: Any, what: str | None = None) -> T:
+        """`fn(*args)` on a daemon thread of this target's own, one call at a time (`what`, e.g. the path or
+        address it reads, names it in errors). Cancelled (the scrape's deadline), the wait ends at once and counts
+        a `timeout` read error; the thread is left to finish. While a call is still running, another fails at
+        once with CollectError and counts a `timeout` read error again: a stuck read holds one thread, never more.
+        """
+        previous = self._blocking
+        if previous is not None and not previous.done.is_set():
+            detail = f"still blocked after {time.monotonic() - previous.started:.1f} s"
+            self.read_error("timeout", previous.what, f"{detail}; no new read started")
+            raise CollectError(f"{self.config.name}: {previous.what} {detail}; no new read started")
+        what = what or getattr(fn, "__qualname__", repr(fn))
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        call = self._blocking = _BlockingCall(what, time.monotonic())
+        context = contextvars.copy_context()
+
+        def run() -> None:
+            try:
+                outcome: tuple[Any, BaseException | None] = (context.run(fn, *args), None)
+            except BaseException as error:  # handed to the awaiting coroutine, as asyncio.to_thread does
+                outcome = (None, error)
+            call.done.set()
+            with contextlib.suppress(RuntimeError):  # the loop closed while the call was stuck: nobody waits
+                loop.call_soon_threadsafe(_settle, future, *outcome)
+
+        threading.Thread(target=run, name=f"kvscope {self.config.name}", daemon=True).start()
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if not call.done.is_set():
+                self.read_error("timeout", what, f"no answer within the target's {self.config.timeout_s:g} s")
+            raise
+
     def take_read_errors(self) -> list[ReadError]:
         """The read errors of the scrape that just ended (each scrape's are counted once)."""
         errors, self.read_errors = self.read_errors, []
@@ -84,6 +144,15 @@ class Collector(ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook: most sources hold nothing between scrapes
         """Release connections held across scrapes."""
+
+
+def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+    if future.done():  # the scrape gave up waiting
+        return
+    if error is None:
+        future.set_result(result)
+    else:
+        future.set_exception(error)
 
 
 def collectors() -> dict[str, type[Collector]]:

@@ -385,14 +385,15 @@ class RdmaCollector(Collector):
         weakref.finalize(self, self._files.close)  # a collector dropped without close() leaves no descriptor open
 
     async def collect(self) -> list[Sample]:
-        scan = await asyncio.to_thread(self._scan)
+        scan = await self.blocking(self._scan, what=str(self._root))
         if self.config.rdma_tool:
             await self._add_tool_counters(scan)
         return scan.samples
 
     async def close(self) -> None:
-        """Closes the attribute files, in a worker thread: it waits for a scan that may still be reading them."""
-        await asyncio.to_thread(self._forget)
+        """Closes the attribute files on the target's thread (never under a scan still reading them: while one is
+        stuck this fails, and the finalizer closes them once it has ended)."""
+        await self.blocking(self._forget)
 
     # --- sysfs -------------------------------------------------------------------------------------------------
 

@@ -6,6 +6,15 @@ is all the OpenTelemetry callbacks ever read. A counter that goes backwards is a
 Mooncake): it is counted and reported, and consumers take increases the way Prometheus' increase() does. A part
 of a target that could not be read (exporters.base.ReadError) is counted per reason, and logged when it starts
 failing and when it reads again, not at every scrape.
+
+Isolation: each scrape is bounded by its target's `timeout_s` (asyncio.wait_for); past it the target is down with
+`<target>: no answer within N s` and the loop moves on. A source's blocking work (file reads, a blocking RPC
+client) runs on threads of its target's own (`Collector.blocking`), never on the event loop's shared executor, so a
+read that never returns holds one thread of one target: while it is stuck that target's scrapes fail at once
+(`<target>: <what> still blocked after N s`), each counted as a `timeout` read error, and every other target keeps
+its threads and its interval. Those threads are daemons, and the loop never waits for them: when `stop` is set a
+scrape still in progress gets STOP_GRACE_S, each close() CLOSE_S, so `kvscope scrape` ends on SIGINT or SIGTERM
+within a second or two, and `--once` returns, however long a read is stuck.
 """
 
 from __future__ import annotations
@@ -55,6 +64,9 @@ class TargetState:
 
 log = logging.getLogger(__name__)
 
+STOP_GRACE_S = 0.5  # when stopped, how long a scrape in progress may take to finish before it is abandoned
+CLOSE_S = 0.5  # how long a collector's close() may take before it is abandoned (its threads left to end alone)
+
 
 class Scraper:
     def __init__(
@@ -103,11 +115,35 @@ class Scraper:
         return list(await asyncio.gather(*(self.scrape(name) for name in self.states)))
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Scrape every target on its interval until `stop` is set."""
-        await asyncio.gather(*(self._loop(name, stop) for name in self.states))
+        """Scrape every target on its interval until `stop` is set; a scrape still in progress then gets
+        STOP_GRACE_S to finish and is abandoned after it (a thread stuck in a read is never waited for)."""
+        loops = [asyncio.ensure_future(self._loop(name, stop)) for name in self.states]
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            done, _ = await asyncio.wait([*loops, stopped], return_when=asyncio.FIRST_COMPLETED)
+            if stopped in done and loops:
+                await asyncio.wait(loops, timeout=STOP_GRACE_S)
+        finally:
+            stopped.cancel()
+            for task in loops:
+                task.cancel()
+            outcomes = await asyncio.gather(*loops, return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, Exception):  # an on_scrape callback that failed
+                raise outcome
 
     async def close(self) -> None:
-        await asyncio.gather(*(collector.close() for collector in self._collectors.values()))
+        """Close every collector, each bounded by CLOSE_S: one whose reads are stuck does not hold up the rest."""
+        await asyncio.gather(*(self._close(name, collector) for name, collector in self._collectors.items()))
+
+    @staticmethod
+    async def _close(name: str, collector: Collector) -> None:
+        try:
+            await asyncio.wait_for(collector.close(), CLOSE_S)
+        except TimeoutError:
+            log.warning("%s: close() did not finish within %g s; left to finish on its own", name, CLOSE_S)
+        except Exception as error:  # e.g. CollectError: a read of the target is still stuck
+            log.warning("%s: not closed cleanly: %s", name, error)
 
     async def _loop(self, name: str, stop: asyncio.Event) -> None:
         interval = self.states[name].config.interval_s

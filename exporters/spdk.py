@@ -2,7 +2,7 @@
 
 One `spdk.rpc.client.JSONRPCClient` per target, on a Unix socket (`socket:`) or TCP (`address:` + `port:`), kept
 across scrapes and reopened after any failure. The client blocks, so each scrape runs its calls in one worker thread
-(`asyncio.to_thread`), one request in flight at a time as SPDK's own rpc.py does; the scrape's budget is
+of its own (`Collector.blocking`), one request in flight at a time as SPDK's own rpc.py does; the scrape's budget is
 `timeout_s`. A JSON-RPC error answer (a method an older target lacks, an unknown bdev, a rejected parameter) does
 not fail the scrape: that call is skipped and counted in `spdk_rpc_errors`; only the transport failing (nothing
 listening, a closed connection, an answer that is not JSON-RPC, no answer in time) raises CollectError.
@@ -202,7 +202,7 @@ class SpdkCollector(Collector):
         timeout = self.config.timeout_s
         deadline = time.monotonic() + timeout * WORKER_SHARE
         aborted = threading.Event()
-        worker = asyncio.ensure_future(asyncio.to_thread(self._exchange, deadline, aborted))
+        worker = asyncio.ensure_future(self.blocking(self._exchange, deadline, aborted, what=self._where))
         self._worker, self._aborted = worker, aborted
         try:
             answers = await asyncio.wait_for(asyncio.shield(worker), timeout * HARD_STOP_SHARE)
