@@ -24,6 +24,11 @@ the netdev lookup reads them); a device or port removed whole between scrapes (t
 node_exporter fails its whole infiniband collector (an unparseable state, a failed read), kvscope counts the one
 file and keeps the rest.
 
+Modules: this one (the collector: what to list and read, the layout and labels, the samples); rdma_files.py
+(the transport: descriptors kept open and re-read with pread, directory listings); rdma_text.py (pure parsers:
+an attribute's bytes or the tool's stdout to values, tested from captures alone); rdma_tool.py (`rdma -j
+statistic show`); rdma_verbs.py (pyverbs). Only this module defines the source's Collector.
+
 Files are kept open between scrapes. The tree is listed once: its attribute files opened and every sample's labels
 built. Each scrape then re-reads every file with pread at offset 0 (sysfs regenerates an attribute's text on such a
 read, so values are always current): one syscall per file instead of three. Each scrape still lists
@@ -117,28 +122,30 @@ whenever importable (an exporter in a container with the host's /sys mounted els
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import errno
 import logging
 import os
 import re
-import resource
-import shutil
 import socket
-import stat
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import Field
 
-from kvscope.exporters import rdma_text
+from kvscope.exporters import rdma_text, rdma_tool, rdma_verbs
 from kvscope.exporters.base import CollectError, Collector, ReadErrorReason, TargetConfig
+from kvscope.exporters.rdma_files import Attr as _Attr
+from kvscope.exporters.rdma_files import Files as _Files
+from kvscope.exporters.rdma_files import Stale as _Stale
+from kvscope.exporters.rdma_files import by_index as _by_index
+from kvscope.exporters.rdma_files import list_files as _files
+from kvscope.exporters.rdma_files import read_text as _read
+from kvscope.exporters.rdma_files import subdirs as _subdirs
+from kvscope.exporters.rdma_files import unlistable as _unlistable
 from kvscope.exporters.rdma_text import BadValue
 from kvscope.samples import Kind, Labels, Sample, labels_of
 
@@ -176,18 +183,12 @@ DATA_FILES: dict[str, tuple[tuple[str, str], ...]] = {
 _COUNTER_GROUPS = (("counters", "rdma_port_counter"), ("counters_ext", "rdma_port_counter_ext"))
 _DEVICE_INFO_FILES = ("fw_ver", "hca_type", "board_id", "node_type", "node_guid")
 _DECIMAL = re.compile(r"[0-9]+")
-# ibv_mtu: IBV_MTU_256 = 1 ... IBV_MTU_4096 = 5.
-_MTU_BYTES = {1: 256, 2: 512, 3: 1024, 4: 2048, 5: 4096}
 
 
 # The tree is listed again at least this often, even when no device came or went (see the module docstring).
 RESCAN_S = 60.0
 # The share of the soft descriptor limit one collector keeps open; past it, files are opened on every read.
 FD_SHARE = 0.25
-# Read errors that mean the file (or its whole device) went away: sysfs answers ENODEV on a descriptor whose
-# attribute was removed, when the device was unregistered (and perhaps registered again under the same name).
-_GONE = frozenset({errno.ENODEV, errno.ENOENT, errno.ESTALE})
-_READ_SIZE = 65536  # a sysfs attribute is at most one page (64 KiB on some arm64 and ppc64 kernels)
 # DATA_FILES as "group/file", the form of rdma_port_data_words' `file` label.
 _DATA_PATHS = {direction: tuple(f"{g}/{f}" for g, f in candidates) for direction, candidates in DATA_FILES.items()}
 _DATA_FILE_SET = {path for paths in _DATA_PATHS.values() for path in paths}
@@ -234,86 +235,6 @@ class _Scan:
 
     def error(self, reason: ReadErrorReason, path: str, detail: str) -> None:
         self.errors.append((reason, path, detail))
-
-
-class _Stale(Exception):
-    """The tree changed under the layout (a device went away, a netdev was renamed): it is listed again. `path`:
-    the file that answered ENODEV or ENOENT, if that is how it showed."""
-
-    def __init__(self, detail: str, path: str | None = None) -> None:
-        super().__init__(detail)
-        self.path = path
-
-
-class _NotAFile(OSError):
-    """Not a regular file (a FIFO, a device, a directory): never read, as its read could block."""
-
-
-class _Attr:
-    """One attribute file, kept open.
-
-    sysfs regenerates an attribute's text on every read at offset 0, so a descriptor opened once and re-read with
-    pread gives the current value for one syscall instead of three (open, read, close). Past the descriptor budget
-    (fd -1) the file is opened on every read instead.
-    """
-
-    __slots__ = ("fd", "path", "seen")
-
-    def __init__(self, path: str, fd: int) -> None:
-        self.path = path
-        self.fd = fd
-        self.seen = False  # read once: from then on, ENODEV or ENOENT means the file went away
-
-    def read(self, scan: _Scan) -> bytes | None:
-        """The file's bytes; None when it cannot be read (EINVAL, EIO, EACCES, a FIFO, ...), which is a read error of
-        `scan`. _Stale when a file read before is gone (a file that never could be read is only reported, so it
-        cannot make every scrape list the tree again)."""
-        try:
-            data = os.pread(self.fd, _READ_SIZE, 0) if self.fd >= 0 else _read_bytes(self.path)
-        except _NotAFile as error:
-            scan.error("not_a_file", self.path, error.strerror or "not a regular file")
-            return None
-        except OSError as error:
-            if self.seen and error.errno in _GONE:
-                raise _Stale(f"{self.path}: {error.strerror}", self.path) from None
-            scan.error("unreadable", self.path, error.strerror or type(error).__name__)
-            return None
-        self.seen = True
-        return data
-
-
-class _Files:
-    """The descriptors a collector holds, at most FD_SHARE of the soft limit: the process shares that limit with
-    every other target's connections."""
-
-    def __init__(self) -> None:
-        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        self._budget = int((soft if soft != resource.RLIM_INFINITY else 1 << 20) * FD_SHARE)
-        self._fds: list[int] = []
-        self.paths: set[str] = set()  # every file of the listing, open or opened on every read
-
-    def open(self, path: str, listed: bool = True) -> _Attr | None:
-        """The file as an _Attr. A file that cannot be opened (EACCES, not a regular file, gone since it was
-        listed, no descriptor to spare) is opened on every read instead, so that each read reports why it fails.
-        An optional attribute (`listed` False: a name the kernel may not have, such as board_id) that does not
-        exist is None."""
-        if not listed and not os.path.lexists(path):
-            return None
-        self.paths.add(path)
-        if len(self._fds) >= self._budget:
-            return _Attr(path, -1)
-        try:
-            fd = _open_regular(path)
-        except OSError:
-            return _Attr(path, -1)
-        self._fds.append(fd)
-        return _Attr(path, fd)
-
-    def close(self) -> None:
-        for fd in self._fds:
-            os.close(fd)
-        self._fds.clear()
-        self.paths.clear()
 
 
 @dataclass(frozen=True, slots=True)
@@ -379,7 +300,7 @@ class RdmaCollector(Collector):
         self._host = config.host or config.labels.get("host") or socket.gethostname()
         self._root = config.sysfs / "class" / "infiniband"
         self._live_sysfs = os.path.realpath(config.sysfs) == "/sys"
-        self._files = _Files()
+        self._files = _Files(FD_SHARE)
         self._layout: _Layout | None = None
         self._lock = threading.Lock()  # a scan that outlived its timeout may still be reading when the next starts
         weakref.finalize(self, self._files.close)  # a collector dropped without close() leaves no descriptor open
@@ -414,7 +335,10 @@ class RdmaCollector(Collector):
                 if gone is not None and gone not in self._files.paths and os.path.isdir(os.path.dirname(gone)):
                     scan.error("unreadable", stale.path, f"{stale}: removed since the last scrape")
         if (context_class := self._verbs_context()) is not None:
-            _add_verbs_attributes(scan, context_class)
+            ports = ((device, port, record.labels) for (device, port), record in scan.ports.items())
+            rdma_verbs.add_attributes(
+                ports, lambda name, labels, value: scan.add(name, labels, value, "gauge"), context_class
+            )
         for reason, path, detail in scan.errors:
             self.read_error(reason, path, detail)
         return scan
@@ -562,7 +486,7 @@ class RdmaCollector(Collector):
             return None
         if self.config.verbs is None and not self._live_sysfs:
             return None
-        return _verbs_context()
+        return rdma_verbs.context_class()
 
     # --- rdma -j statistic show ----------------------------------------------------------------------------------
 
@@ -578,37 +502,7 @@ class RdmaCollector(Collector):
                     scan.add("rdma_port_stat", {**record.labels, "counter": counter}, value, "counter")
 
     async def _run_tool(self) -> list[tuple[str, str, dict[str, int]]] | None:
-        binary = shutil.which(self.config.rdma_tool_path)
-        if binary is None:
-            return None
-        try:
-            process = await asyncio.create_subprocess_exec(
-                binary,
-                "-j",
-                "statistic",
-                "show",
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-            )
-        except OSError as error:
-            log.debug("%s: cannot run %s: %s", self.config.name, binary, error)
-            return None
-        try:
-            out, err = await asyncio.wait_for(process.communicate(), self.config.timeout_s)
-        except BaseException as error:  # timeout, or the scrape itself cancelled: do not leave the tool running
-            if process.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    process.kill()
-                await process.wait()
-            if isinstance(error, TimeoutError):
-                log.debug("%s: %s gave no answer within %g s", self.config.name, binary, self.config.timeout_s)
-                return None
-            raise
-        if process.returncode != 0:
-            log.debug("%s: %s exited %s: %s", self.config.name, binary, process.returncode, err.decode()[:200])
-            return None
-        return parse_statistic_json(out.decode(errors="replace"))
+        return await rdma_tool.statistic_show(self.config.rdma_tool_path, self.config.timeout_s, self.config.name)
 
 
 parse_statistic_json = rdma_text.statistic_json  # the import path tests and tools use
@@ -719,77 +613,6 @@ def _state(attr: _Attr | None, scan: _Scan) -> tuple[int | None, str]:
         return None, value
 
 
-def _open_regular(path: str) -> int:
-    """A read-only descriptor of the regular file `path`; _NotAFile for a FIFO, a device or a directory (opened
-    with O_NONBLOCK, so a FIFO with no writer does not block the open, and never read)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        mode = os.fstat(fd).st_mode
-    except OSError:
-        os.close(fd)
-        raise
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode) else "a device or socket"
-        raise _NotAFile(errno.EINVAL, f"not a regular file: {kind}")
-    return fd
-
-
-def _read_bytes(path: str) -> bytes:
-    """One read of a regular file by path (os.open/os.read: the io stack's buffered wrappers cost more)."""
-    fd = _open_regular(path)
-    try:
-        return os.read(fd, _READ_SIZE)
-    finally:
-        os.close(fd)
-
-
-def _read(path: str) -> str | None:
-    """The file's text, stripped; None when it cannot be read (missing, EINVAL, EIO, EACCES, not text)."""
-    try:
-        return _read_bytes(path).decode().strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
-def _files(directory: str, broken: list) -> list[tuple[str, str]]:
-    """(name, path) of the entries of `directory` that are not directories, by name: files, and also FIFOs and
-    dangling links, which the read reports. A directory that does not exist has none (counters_ext/ and
-    hw_counters/ are optional); one that cannot be listed is added to `broken`."""
-    try:
-        with os.scandir(directory) as entries:  # DirEntry.is_dir needs no stat for regular files
-            return sorted((entry.name, entry.path) for entry in entries if not entry.is_dir())
-    except FileNotFoundError:
-        return []
-    except OSError as error:
-        broken.append(("unreadable", directory, error.strerror or type(error).__name__))
-        return []
-
-
-def _unlistable(directory: str) -> str | None:
-    """Why `directory` cannot be listed (a dangling link, EACCES, not a directory); None when it can."""
-    try:
-        with os.scandir(directory):
-            return None
-    except FileNotFoundError:
-        return "no such directory (a dangling link?)"
-    except OSError as error:
-        return error.strerror or type(error).__name__
-
-
-def _subdirs(directory: str, broken: list) -> list[str]:
-    """The names of the subdirectories (ports), numbers first, in numeric order."""
-    try:
-        with os.scandir(directory) as entries:
-            names = [entry.name for entry in entries if entry.is_dir()]
-    except FileNotFoundError:
-        return []
-    except OSError as error:
-        broken.append(("unreadable", directory, error.strerror or type(error).__name__))
-        return []
-    return sorted(names, key=lambda name: (not name.isdigit(), int(name) if name.isdigit() else 0))
-
-
 def _netdev(ndevs: list[str], net: str, port: str, link_layer: str) -> str:
     """The port's netdev (the module docstring says how); "" when it has none. Looked up on every scrape: a
     netdev can be renamed, or a bond made, while the device stays."""
@@ -798,14 +621,6 @@ def _netdev(ndevs: list[str], net: str, port: str, link_layer: str) -> str:
             if name := _read(path):
                 return name
     return _pci_netdev(net, port) or ""
-
-
-def _by_index(directory: str) -> list[str]:
-    try:
-        names = [name for name in os.listdir(directory) if name.isdigit()]
-    except OSError:
-        return []
-    return [os.path.join(directory, name) for name in sorted(names, key=int)]
 
 
 def _pci_netdev(net: str, port: str) -> str | None:
@@ -835,71 +650,3 @@ def _decimal(text: str | None) -> int | None:
     if text is None or _DECIMAL.fullmatch(text) is None:
         return None
     return int(text)
-
-
-# --- pyverbs (optional) ----------------------------------------------------------------------------------------
-
-
-def _verbs_context() -> Callable[..., Any] | None:
-    """pyverbs' Context class, or None when pyverbs (or the libibverbs under it) cannot be imported."""
-    try:
-        from pyverbs.device import Context  # type: ignore[import-not-found]
-    except Exception:  # ImportError, or a build whose shared libraries are missing
-        return None
-    return Context
-
-
-def _add_verbs_attributes(scan: _Scan, context_class: Callable[..., Any]) -> None:
-    by_device: dict[str, list[tuple[str, _Port]]] = {}
-    for (device, port), record in scan.ports.items():
-        by_device.setdefault(device, []).append((port, record))
-    for device, ports in by_device.items():
-        try:
-            context = context_class(name=device)
-        except Exception as error:  # no such device for libibverbs, no permission, ...
-            log.debug("pyverbs cannot open %s: %s", device, error)
-            continue
-        try:
-            for port, record in ports:
-                if not port.isdigit():
-                    continue
-                try:
-                    attr = context.query_port(int(port))
-                except Exception as error:
-                    log.debug("pyverbs cannot query %s/%s: %s", device, port, error)
-                    continue
-                for name, value in _verbs_gauges(attr):
-                    scan.add(name, record.labels, value, "gauge")
-        finally:
-            close = getattr(context, "close", None)
-            if close is not None:
-                try:
-                    close()
-                except Exception as error:
-                    log.debug("pyverbs close of %s failed: %s", device, error)
-
-
-def _verbs_gauges(attr: Any) -> Iterable[tuple[str, int]]:
-    for name, field_name in (("rdma_port_active_mtu_bytes", "active_mtu"), ("rdma_port_max_mtu_bytes", "max_mtu")):
-        mtu = _MTU_BYTES.get(_int_attr(attr, field_name) or 0)
-        if mtu is not None:
-            yield name, mtu
-    for name, field_name in (
-        ("rdma_port_gid_table_size", "gid_tbl_len"),
-        ("rdma_port_pkey_table_size", "pkey_tbl_len"),
-        ("rdma_port_max_message_bytes", "max_msg_sz"),
-    ):
-        value = _int_attr(attr, field_name)
-        if value is not None:
-            yield name, value
-
-
-def _int_attr(attr: Any, name: str) -> int | None:
-    try:
-        value = getattr(attr, name)
-    except Exception:
-        return None
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None

@@ -27,6 +27,7 @@ import httpx
 import pytest
 from support.realservers import served_exposition
 
+from kvscope.exporters import rdma_text
 from kvscope.exporters.base import CollectError, collectors
 from kvscope.exporters.config import parse_config
 from kvscope.exporters.normalizer import mapping_for
@@ -36,6 +37,7 @@ from kvscope.exporters.scrape import Scraper
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "rdma" / "sysfs"
 SYNTHETIC = FIXTURE.parent / "synthetic" / "sysfs"  # made-up congestion counters: not a capture
+NODE_EXPORTER_FIXTURE = FIXTURE.parent / "node_exporter"  # node_exporter's own tree and golden output (PROVENANCE)
 NIC = ("host", "device", "port", "netdev", "role")
 # The counters exporters/mappings/rdma.yaml maps to rdma.port.errors, by raw series.
 PMA_ERRORS = (
@@ -205,6 +207,25 @@ def roce_host(sysfs: Path) -> Path:
 
 def test_the_source_is_discovered():
     assert collectors()["rdma"] is RdmaCollector
+
+
+def test_the_source_is_one_collector_over_its_modules():
+    found = {name: cls.__module__ for name, cls in collectors().items()}
+    assert [name for name, module in found.items() if module.startswith("kvscope.exporters.rdma")] == ["rdma"]
+    assert found["rdma"] == "kvscope.exporters.rdma"
+
+
+def test_the_parsers_read_captured_attribute_files_alone():
+    port = FIXTURE / "class" / "infiniband" / "mlx4_0" / "ports" / "1"
+    assert rdma_text.state(rdma_text.text((port / "state").read_bytes())) == (4, "ACTIVE")
+    assert rdma_text.state(rdma_text.text((port / "phys_state").read_bytes())) == (5, "LinkUp")
+    assert rdma_text.rate_gbps(rdma_text.text((port / "rate").read_bytes())) == 40
+    assert rdma_text.counter((port / "counters" / "port_xmit_wait").read_bytes()) == 3599
+    no_pma = NODE_EXPORTER_FIXTURE / "sysfs" / "class" / "infiniband" / "i40iw0" / "ports" / "1" / "counters"
+    assert rdma_text.counter((no_pma / "symbol_error").read_bytes()) is None  # N/A (no PMA)
+    with pytest.raises(rdma_text.BadValue) as bad:
+        rdma_text.counter(b"1" * 4301)
+    assert bad.value.reason == "out_of_range"
 
 
 def test_fixture_raw_samples_keep_the_sysfs_values():
@@ -1141,7 +1162,6 @@ def test_an_unreadable_port_directory_is_a_read_error_not_an_empty_port(tmp_path
 
 # --- parity with node_exporter's infiniband collector, over the served exposition ------------------------------
 
-NODE_EXPORTER_FIXTURE = FIXTURE.parent / "node_exporter"  # node_exporter's own tree and golden output (PROVENANCE)
 # node_exporter's node_infiniband_<name> -> (the kvscope series serving it, the labels that pick it), as README.md's
 # "RDMA series" table says; the labels device and port (and info's) are compared as they are.
 _TX, _RX = {"direction": "tx"}, {"direction": "rx"}
