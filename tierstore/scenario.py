@@ -162,7 +162,10 @@ class ModelShape(_Strict):
     qk_rope_head_dim: int | None = Field(None, ge=0)
     # What prefill costs (the TTFT model with engine.gpu, kvscope.tierstore.ttft.ModelCompute)
     active_params: float | None = Field(
-        None, gt=0, description="parameters a token goes through (an MoE's active ones), e.g. 37e9 for DeepSeek-R1"
+        None,
+        gt=0,
+        le=1e15,
+        description="parameters a token goes through (an MoE's active ones), e.g. 37e9 for DeepSeek-R1",
     )
     attention_heads: int | None = Field(None, gt=0, description="query heads (attention's quadratic FLOPs)")
     qk_head_dim: int | None = Field(
@@ -407,8 +410,9 @@ class FabricSpec(_Strict):
     north_south: BytesPerSecond | None = Field(None, description="a NIC's north-south bandwidth, e.g. 200Gb/s")
     nics: int = Field(1, ge=1, description="east-west NICs of a GPU node")
     north_south_nics: int = Field(1, ge=1, description="north-south NICs of a GPU node")
-    east_west_goodput: float = Field(1.0, gt=0, le=1, description="share of the east-west line rate transfers get")
-    north_south_goodput: float = Field(1.0, gt=0, le=1, description="share of the north-south line rate they get")
+    # at least 0.001, as efficiency below: a time stays finite (the service answers it as JSON)
+    east_west_goodput: float = Field(1.0, ge=0.001, le=1, description="share of the east-west line rate transfers get")
+    north_south_goodput: float = Field(1.0, ge=0.001, le=1, description="share of the north-south line rate they get")
 
     def links(self, concurrency: int) -> dict[str, Link]:
         links = {"east_west": Link(self.east_west, self.nics, self.east_west_goodput, concurrency)}
@@ -425,7 +429,7 @@ class GpuSpec(_Strict):
 
     kind: str = Field(alias="class", json_schema_extra={"enum": list(GPU_CLASSES)})
     count: int = Field(8, ge=1, description="GPUs of one request's prefill (e.g. one 8-GPU node)")
-    efficiency: float = Field(0.4, gt=0, le=1, description="model FLOPs utilization of prefill")
+    efficiency: float = Field(0.4, ge=0.001, le=1, description="model FLOPs utilization of prefill")
     dtype: Literal["bf16", "fp8"] = Field("bf16", description="of the weight matmuls; attention runs in BF16")
 
     @model_validator(mode="after")
