@@ -72,8 +72,43 @@ def test_v0_33_default_has_no_offload_series(metrics_server):
     _, normalized = scrape(metrics_server.serve("/metrics", DEFAULT.read_bytes()))
     assert {s.name for s in normalized} == {
         "kv.prefix.query.tokens", "kv.prefix.hit.tokens", "kv.prompt.tokens", "kv.prompt.cached.tokens",
-        "kv.engine.preemptions",
+        "kv.engine.preemptions", "kv.engine.ttft.requests", "kv.engine.prompt.requests",
     }  # fmt: skip
+
+
+# Two models served by one engine: their buckets add up per bound, and the bounds stay as vLLM writes them.
+TWO_MODELS_HISTOGRAMS = """\
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.1",model_name="a"} 2.0
+vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="a"} 5.0
+vllm:time_to_first_token_seconds_count{engine="0",model_name="a"} 5.0
+vllm:time_to_first_token_seconds_sum{engine="0",model_name="a"} 1.5
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.1",model_name="b"} 1.0
+vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="b"} 1.0
+vllm:time_to_first_token_seconds_count{engine="0",model_name="b"} 1.0
+vllm:time_to_first_token_seconds_sum{engine="0",model_name="b"} 0.05
+# TYPE vllm:request_prompt_tokens histogram
+vllm:request_prompt_tokens_bucket{engine="0",le="1000.0",model_name="a"} 4.0
+vllm:request_prompt_tokens_bucket{engine="0",le="+Inf",model_name="a"} 5.0
+vllm:request_prompt_tokens_count{engine="0",model_name="a"} 5.0
+vllm:request_prompt_tokens_sum{engine="0",model_name="a"} 4200.0
+"""
+
+
+def test_ttft_and_prompt_length_buckets_keep_le_and_take_the_target_s_role(metrics_server):
+    """The histograms' buckets (not their _count or _sum) map bound by bound, summed over model_name; `role` is
+    the target's label, which joins the engine's TTFT to the NICs of that role in the recording rules."""
+    _, normalized = scrape(metrics_server.serve("/metrics", TWO_MODELS_HISTOGRAMS), labels={"role": "nof"})
+
+    def bucket(le: str) -> tuple:
+        return (("engine", "0"), ("le", le), ("role", "nof"))
+
+    assert values(normalized) == {
+        ("kv.engine.ttft.requests", bucket("0.1")): 3.0,
+        ("kv.engine.ttft.requests", bucket("+Inf")): 6.0,
+        ("kv.engine.prompt.requests", bucket("1000.0")): 4.0,
+        ("kv.engine.prompt.requests", bucket("+Inf")): 5.0,
+    }
 
 
 def test_old_gpu_prefix_names_are_read(metrics_server):
@@ -145,6 +180,14 @@ def test_real_vllm_0_32_captures_map_every_kv_family(metrics_server, capture):
     )
     assert got[("kv.engine.preemptions", engine)] == _raw_value(raw, "vllm:num_preemptions_total")
     assert model("kv.prefix.capacity.tokens", layer="gpu") == 40 * 32  # --num-gpu-blocks-override 40, blocks of 32
+    # Every TTFT and prompt-length bucket, as the engine counted it; a target that names no role gets role "".
+    for histogram, instrument in (("vllm:time_to_first_token_seconds", "kv.engine.ttft.requests"),
+                                  ("vllm:request_prompt_tokens", "kv.engine.prompt.requests")):  # fmt: skip
+        bounds = {s.label_map["le"] for s in raw if s.name == f"{histogram}_bucket"}
+        assert "+Inf" in bounds and len(bounds) > 5
+        for le in bounds:
+            assert model(instrument, role="", le=le) == _raw_value(raw, f"{histogram}_bucket", le=le)
+        assert model(instrument, role="", le="+Inf") == _raw_value(raw, f"{histogram}_count") > 0
     if "mooncake" in capture:  # the connector's saves and loads, counted by the engine's own Mooncake client
         store = (("system", "mooncake"), ("tier", "dram"))
         assert (
