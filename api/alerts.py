@@ -46,6 +46,7 @@ RESOLVED_KEPT_S = 900.0  # a resolved alert stays listed (and re-sent to Alertma
 COLLAPSE = "KVCacheHitRateCollapse"
 IMMINENT = "KVCacheCollapseImminent"
 PREDICTED = "KVCacheCollapsePredicted"
+FABRIC_SATURATED = "KVFabricSaturated"
 
 RULES: dict[str, AlertRule] = {
     rule.name: rule
@@ -80,6 +81,21 @@ RULES: dict[str, AlertRule] = {
             "warning",
             "the planner predicts an A/B arm's collapse (its hit ratio below 1 - collapse_tolerance of its ideal) at "
             "round N, before the round runs; raised when the A/B starts, resolved when it ends",
+        ),
+        AlertRule(
+            FABRIC_SATURATED,
+            "warning",
+            "the KV fabric is the bottleneck: a role's NICs (their bytes over `rate_window_s`, summed over the role's "
+            "ports, in the busier direction) above `utilization` x their line rate while the TTFT p90 of the engines "
+            "given that role is above `ttft_rise_factor` x its value `ttft_rise_window_s` earlier, held for `for_s`. "
+            "Raised by Prometheus only (the service does not evaluate it)",
+            {
+                "utilization": 0.9,
+                "rate_window_s": 300.0,
+                "ttft_rise_factor": 1.2,
+                "ttft_rise_window_s": 900.0,
+                "for_s": 300.0,
+            },
         ),
     )
 }

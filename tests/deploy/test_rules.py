@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvscope.api.alerts import COLLAPSE, IMMINENT, RULES
+from kvscope.api.alerts import COLLAPSE, FABRIC_SATURATED, IMMINENT, RULES
 from kvscope.model import INSTRUMENTS, prometheus_name
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,6 +29,7 @@ EXPECTED_ALERTS = {
     "NoFWritesInDramOnlyArm",
     "TierWritesMissing",
     "KVScopeTargetDown",
+    "KVFabricSaturated",
 }
 # Series kvscope publishes besides the KV-tier model (exporters/otel.py) and what Prometheus makes itself.
 SELF_METRICS = {
@@ -77,10 +78,10 @@ def test_amtool_check_config(require_real):
 # ------------------------------------------------------------------------------------------- what they don't check
 
 
-def test_the_five_alerts_are_there_with_the_service_s_names():
+def test_the_six_alerts_are_there_with_the_service_s_names():
     assert set(ALERTS) == EXPECTED_ALERTS
     # The service raises the same names in-process (api/alerts.py, api/clusterwatch.py): one meaning, one name.
-    assert {COLLAPSE, IMMINENT} <= set(ALERTS)
+    assert {COLLAPSE, IMMINENT, FABRIC_SATURATED} <= set(ALERTS)
 
 
 def test_prometheus_loads_both_rule_files():
@@ -212,8 +213,17 @@ def test_the_collapse_rules_use_the_numbers_of_the_alert_definitions():
     fit = _prometheus_duration(imminent["fit_window_s"])
     assert f"[{fit}], {imminent['horizon_s']:g})" in expr and f"> {imminent['watermark']:g} )" in expr
     assert ALERTS[IMMINENT]["for"] == _prometheus_duration(imminent["for_s"])
+    saturated = RULES[FABRIC_SATURATED].thresholds
+    expr = " ".join(ALERTS[FABRIC_SATURATED]["expr"].split())
+    rate = _prometheus_duration(saturated["rate_window_s"])
+    assert f'role:rdma_port_utilization:ratio_rate{rate}{{role!=""}} > {saturated["utilization"]:g} )' in expr
+    assert (
+        f"role:kv_engine_ttft_seconds:p90_rate{rate} > {saturated['ttft_rise_factor']:g} * "
+        f"role:kv_engine_ttft_seconds:p90_rate{rate} offset {_prometheus_duration(saturated['ttft_rise_window_s'])} )"
+    ) in expr
+    assert ALERTS[FABRIC_SATURATED]["for"] == _prometheus_duration(saturated["for_s"])
     sections = _runbook_sections()
-    for name, numbers in ((COLLAPSE, collapse), (IMMINENT, imminent)):
+    for name, numbers in ((COLLAPSE, collapse), (IMMINENT, imminent), (FABRIC_SATURATED, saturated)):
         assert ALERTS[name]["labels"]["severity"] == RULES[name].severity
         assert ALERTS[name]["annotations"]["runbook_url"] == RULES[name].runbook_url
         text = " ".join(sections[RULES[name].runbook_url.partition("#")[2]]["text"].split())
