@@ -114,6 +114,15 @@ def build() -> dashboard.Dashboard:
             width=24,
         ),
         timeseries_panel(
+            "NIC utilization against line rate by role",
+            "Bytes per second of all NICs of each role over their summed line rate (rdma_port_rate), each direction "
+            "on its own (a link is full duplex): KVFabricSaturated fires above 90 % while the role's TTFT p90 "
+            "(role:kv_engine_ttft_seconds:p90_rate5m) rises.",
+            "percentunit",
+            [Query('role_direction:rdma_port_utilization:ratio_rate5m{role=~"$role"}', "{{role}} {{direction}}")],
+            width=24,
+        ),
+        timeseries_panel(
             "NIC bytes per second: $role",
             "Bytes sent and received per second by each NIC port serving this role, one panel per role side by side.",
             "Bps",
