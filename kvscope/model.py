@@ -72,24 +72,25 @@ INSTRUMENTS: dict[str, Instrument] = {
             ("engine",),
             "requests the engine preempted (their KV freed, to be recomputed or reloaded): its cache was too small",
         ),
-        # An engine's request histograms, bucket by bucket (`le`, the bucket's upper bound as the engine writes it,
-        # +Inf counting every request): histogram_quantile reads them as it reads a `_bucket` series. `role` is the
-        # target's `role` label, the fabric role of the NICs its KV loads cross ("" when none is configured).
+        # An engine's request histograms, bucket by bucket (`upper_bound`, the bucket's `le` as the engine writes it,
+        # +Inf counting every request; `le` itself is reserved for histogram types): histogram_quantile reads them
+        # once label_replace names the bound `le` (kvscope-recording.yml). `role` is the target's `role` label, the
+        # fabric role of the NICs its KV loads cross ("" when none is configured).
         Instrument(
             "kv.engine.ttft.requests",
             "counter",
             "{request}",
-            ("engine", "role", "le"),
-            "requests whose time to first token was at most `le` seconds (the engine's cumulative TTFT histogram "
-            "buckets; le +Inf counts every request)",
+            ("engine", "role", "upper_bound"),
+            "requests whose time to first token was at most `upper_bound` seconds (the engine's cumulative TTFT "
+            "histogram buckets; upper_bound +Inf counts every request)",
         ),
         Instrument(
             "kv.engine.prompt.requests",
             "counter",
             "{request}",
-            ("engine", "role", "le"),
-            "requests whose prompt had at most `le` tokens (the engine's cumulative prompt-length histogram "
-            "buckets; le +Inf counts every request)",
+            ("engine", "role", "upper_bound"),
+            "requests whose prompt had at most `upper_bound` tokens (the engine's cumulative prompt-length "
+            "histogram buckets; upper_bound +Inf counts every request)",
         ),
         Instrument(
             "kv.events.blocks",

@@ -95,13 +95,14 @@ vllm:request_prompt_tokens_sum{engine="0",model_name="a"} 4200.0
 """
 
 
-def test_ttft_and_prompt_length_buckets_keep_le_and_take_the_target_s_role(metrics_server):
-    """The histograms' buckets (not their _count or _sum) map bound by bound, summed over model_name; `role` is
-    the target's label, which joins the engine's TTFT to the NICs of that role in the recording rules."""
+def test_ttft_and_prompt_length_buckets_keep_their_bound_and_take_the_target_s_role(metrics_server):
+    """The histograms' buckets (not their _count or _sum) map bound by bound (`le` as `upper_bound`), summed over
+    model_name; `role` is the target's label, which joins the engine's TTFT to the NICs of that role in the
+    recording rules."""
     _, normalized = scrape(metrics_server.serve("/metrics", TWO_MODELS_HISTOGRAMS), labels={"role": "nof"})
 
     def bucket(le: str) -> tuple:
-        return (("engine", "0"), ("le", le), ("role", "nof"))
+        return (("engine", "0"), ("role", "nof"), ("upper_bound", le))
 
     assert values(normalized) == {
         ("kv.engine.ttft.requests", bucket("0.1")): 3.0,
@@ -186,8 +187,8 @@ def test_real_vllm_0_32_captures_map_every_kv_family(metrics_server, capture):
         bounds = {s.label_map["le"] for s in raw if s.name == f"{histogram}_bucket"}
         assert "+Inf" in bounds and len(bounds) > 5
         for le in bounds:
-            assert model(instrument, role="", le=le) == _raw_value(raw, f"{histogram}_bucket", le=le)
-        assert model(instrument, role="", le="+Inf") == _raw_value(raw, f"{histogram}_count") > 0
+            assert model(instrument, role="", upper_bound=le) == _raw_value(raw, f"{histogram}_bucket", le=le)
+        assert model(instrument, role="", upper_bound="+Inf") == _raw_value(raw, f"{histogram}_count") > 0
     if "mooncake" in capture:  # the connector's saves and loads, counted by the engine's own Mooncake client
         store = (("system", "mooncake"), ("tier", "dram"))
         assert (
