@@ -22,8 +22,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from kvscope.model import INSTRUMENTS
 from kvscope.samples import Labels, Sample, labels_of
 
-# Mapping._series is emptied past this many entries: a source whose label values churn must not grow it forever.
+# A plan of Mapping._plans is emptied past this many raw series, and _plans past this many plans: a source whose
+# label values churn must not grow them forever.
 MAX_CACHED_SERIES = 1 << 16
+MAX_CACHED_PLANS = 64
 
 
 class MappingError(ValueError):
@@ -68,32 +70,39 @@ class Mapping(BaseModel):
             if sample.name in wanted:
                 by_name.setdefault(sample.name, []).append(sample)
         target = tuple(target_labels.items())
-        series = self._series
-        if len(series) > MAX_CACHED_SERIES:
-            series.clear()
+        # The raw name each rule reads in this scrape (the first of its `match` present), and so the rules per name.
+        chosen = tuple(next((n for n in rule.match if n in by_name), None) for rule in self.rules)
+        plans = self._plans
+        if (plan := plans.get((chosen, target))) is None or len(plan) > MAX_CACHED_SERIES:
+            if len(plans) > MAX_CACHED_PLANS:
+                plans.clear()
+            plan = plans[(chosen, target)] = {}
         totals: dict[tuple[str, Labels], float] = {}
-        for rule in self.rules:
-            name = next((n for n in rule.match if n in by_name), None)
-            if name is None:
-                continue
-            rule_key = (
-                rule.instrument,
-                tuple(rule.where.items()),
-                tuple(rule.unless.items()),
-                tuple(rule.labels.items()),
-            )
-            for sample in by_name[name]:
-                key = (rule_key, sample.labels, target)
-                if key not in series:
-                    series[key] = _model_series(rule, sample.label_map, target_labels)
-                if (model := series[key]) is not None:
-                    value = _label_product(rule.value_labels, sample.label_map) if rule.value_labels else sample.value
+        for name, named in by_name.items():
+            for sample in named:
+                key = (name, sample.labels)
+                if (adds := plan.get(key)) is None:
+                    adds = plan[key] = self._contributions(chosen, sample, target_labels)
+                for model, scale, value_labels in adds:
+                    value = _label_product(value_labels, sample.label_map) if value_labels else sample.value
                     if value is not None:
-                        totals[model] = totals.get(model, 0.0) + value * rule.scale
+                        totals[model] = totals.get(model, 0.0) + value * scale
         return [
             Sample(self.source, name, labels, value, INSTRUMENTS[name].kind, normalized=True)
             for (name, labels), value in totals.items()
         ]
+
+    def _contributions(
+        self, chosen: tuple[str | None, ...], sample: Sample, target_labels: dict[str, str]
+    ) -> tuple[tuple[tuple[str, Labels], float, tuple[str, ...]], ...]:
+        """What one raw series adds to, rule by rule: (model series, scale, value_labels) of each rule that reads
+        its name in this scrape and whose `where` and `unless` accept it."""
+        raw = sample.label_map
+        adds = []
+        for rule, name in zip(self.rules, chosen, strict=True):
+            if name == sample.name and (model := _model_series(rule, raw, target_labels)) is not None:
+                adds.append((model, rule.scale, rule.value_labels))
+        return tuple(adds)
 
     @cached_property
     def _wanted(self) -> frozenset[str]:
@@ -101,11 +110,11 @@ class Mapping(BaseModel):
         return frozenset(name for rule in self.rules for name in rule.match)
 
     @cached_property
-    def _series(self) -> dict[tuple, tuple[str, Labels] | None]:
-        """What a rule makes of a raw series, worked out once: a source's series are the same scrape after scrape.
-        (rule's instrument, where, unless and labels; raw labels; target labels) -> the model series the raw series adds
-        to, or None when `where` rejects it. Keyed by content, not position, so a copy of the mapping with other
-        rules can share it."""
+    def _plans(self) -> dict[tuple, dict[tuple[str, Labels], tuple]]:
+        """What the rules make of each raw series, worked out once: a source's series are the same scrape after
+        scrape, so a scrape costs one lookup per raw sample, not one per rule reading its name. (the raw name each
+        rule read, target labels) -> {(raw name, raw labels): ((model series, scale, value_labels), ...)}: every
+        model series the raw series adds to, in rule order (none when every `where` rejects it)."""
         return {}
 
 
