@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
 State = Literal["pending", "firing", "resolved"]
@@ -131,13 +131,15 @@ class AlertBook:
         self.subscribers: list[Callable[[Alert], None]] = []
 
     def list(self, state: str | None = None) -> list[Alert]:
-        """The alerts, with those resolved more than `resolved_kept_s` ago dropped."""
+        """The alerts, with those resolved more than `resolved_kept_s` ago dropped: copies taken under the lock, so
+        a reader on another thread (the Alertmanager forwarder) never sees one half-way through a transition, e.g.
+        resolved without its resolved_at, which it would post with endsAt pushed forward."""
         oldest = time.time() - self.resolved_kept_s
         with self._lock:
             for key in [k for k, a in self._alerts.items() if a.state == "resolved" and a.resolved_at < oldest]:
                 del self._alerts[key]
-            alerts = list(self._alerts.values())
-        return [a for a in alerts if state is None or a.state == state]
+            alerts = [replace(a) for a in self._alerts.values() if state is None or a.state == state]
+        return alerts
 
     def active(self) -> list[Alert]:
         return [a for a in self.list() if a.state in ("pending", "firing")]

@@ -27,7 +27,8 @@ from support.realservers import (
     wait_for,
 )
 
-from kvscope.api.alerts import COLLAPSE, PREDICTED
+from kvscope.api.alertmanager import payload
+from kvscope.api.alerts import COLLAPSE, PREDICTED, AlertBook
 
 ROOT = Path(__file__).resolve().parents[2]
 LONG_OUTPUT = yaml.safe_load((ROOT / "examples" / "long_output.yaml").read_text())
@@ -223,3 +224,19 @@ def test_after_many_abs_ended_every_way_none_of_their_alerts_is_active(stack):
     for ab in ids:
         assert f"{COLLAPSE}/dram_only" in assert_ended(service, recorder, alertmanager, ab), ab
     assert httpx.get(f"{alertmanager}/api/v2/alerts", params={"active": "true"}).json() == []
+
+
+def test_the_forwarder_reads_each_alert_as_of_one_moment():
+    """What the book lists is a copy taken under its lock: the forwarder builds a post from it on its own thread
+    while an A/B's thread resolves the alert, and a half-changed alert (resolved, resolved_at not yet stamped) would
+    be posted as resolved with endsAt pushed forward."""
+    book = AlertBook()
+    labels = {"ab": "ab-1", "arm": "dram_only", "tier": "dram"}
+    book.set(COLLAPSE, labels, "firing", "round 8: hit ratio 0.69 < 0.99 x its ideal 0.89")
+    (listed,) = book.list()
+    book.end(ab="ab-1")
+    assert (listed.state, listed.resolved_at) == ("firing", None)  # as it was listed
+    (resolved,) = book.list()
+    assert resolved.state == "resolved" and resolved.resolved_at is not None
+    post = payload(resolved, now=resolved.resolved_at + 60, resend_s=30, generator_url="")
+    assert datetime.fromisoformat(post["endsAt"]).timestamp() == pytest.approx(resolved.resolved_at, abs=1e-3)
