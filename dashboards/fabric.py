@@ -1,11 +1,14 @@
 """Fabric: the RDMA NICs that carry the tiers' traffic, and the SPDK target behind the NVMe-oF tier.
 
 NIC bytes are grouped by `role`, the tier a NIC serves (DRAM tier vs NoF tier, from the exporter's config), and
-the per-NIC byte panels repeat once per role, side by side. RoCE congestion (CNPs sent, handled and ignored,
-ECN-marked packets) is shown by role and per NIC, errors per NIC and error (exporters/mappings/rdma.yaml says which
-counters). SPDK figures are per bdev and per NVMe-oF subsystem; a subsystem's figures sum only its exported bdevs,
-so stacked bdevs (an lvol and its base) are not counted once per layer (exporters/mappings/spdk.yaml). The
-reactors' busy share says how much headroom the target's cores have left.
+the per-NIC byte panels repeat once per role, side by side. A role's utilization against its NICs' line rate sits
+next to the TTFT p50 and p90 and the prompt length p50 and p90 of the engines given that role (a vLLM target's
+`role` label): KVFabricSaturated is those NICs near line rate while that TTFT rises, and flat prompts meanwhile
+say the rise is the fabric's, not longer contexts. RoCE congestion (CNPs sent, handled and ignored, ECN-marked
+packets) is shown by role and per NIC, errors per NIC and error (exporters/mappings/rdma.yaml says which counters).
+SPDK figures are per bdev and per NVMe-oF subsystem; a subsystem's figures sum only its exported bdevs, so stacked
+bdevs (an lvol and its base) are not counted once per layer (exporters/mappings/spdk.yaml). The reactors' busy
+share says how much headroom the target's cores have left.
 """
 
 from __future__ import annotations
@@ -76,8 +79,9 @@ def build() -> dashboard.Dashboard:
     board = Board(
         UID,
         "kvscope / Fabric",
-        "RDMA bytes, congestion and errors per NIC by the tier it serves; SPDK throughput, IOPS and latency per bdev "
-        "and NVMe-oF subsystem, and its reactors' busy share.",
+        "RDMA bytes, congestion and errors per NIC by the tier it serves, utilization against line rate next to the "
+        "TTFT and prompt length of the engines given each role; SPDK throughput, IOPS and latency per bdev and "
+        "NVMe-oF subsystem, and its reactors' busy share.",
         ["fabric", "rdma", "spdk"],
     )
     nic_series = metric("rdma.port.tx.bytes")
@@ -117,10 +121,39 @@ def build() -> dashboard.Dashboard:
             "NIC utilization against line rate by role",
             "Bytes per second of all NICs of each role over their summed line rate (rdma_port_rate), each direction "
             "on its own (a link is full duplex): KVFabricSaturated fires above 90 % while the role's TTFT p90 "
-            "(role:kv_engine_ttft_seconds:p90_rate5m) rises.",
+            "(next panel) rises.",
             "percentunit",
             [Query('role_direction:rdma_port_utilization:ratio_rate5m{role=~"$role"}', "{{role}} {{direction}}")],
-            width=24,
+            width=8,
+        ),
+        timeseries_panel(
+            "TTFT p50 and p90 by role",
+            "Time to first token of the engines given each role (their vLLM target's `role` label in targets.yaml: "
+            "the role of the NICs their KV loads cross), p50 and p90 from their TTFT histogram buckets over 5 min "
+            "(role:kv_engine_ttft_seconds:p50_rate5m, p90_rate5m). KVFabricSaturated compares the p90 with its "
+            "value 15 minutes earlier: it fires when the p90 is above 1.2 x that while the role's NICs (previous "
+            "panel) are above 90 % of line rate. Engines whose target names no role are not in it.",
+            "s",
+            [
+                Query(f'role:kv_engine_ttft_seconds:{quantile}_rate5m{{role=~"$role"}}', "{{role}} " + quantile)
+                for quantile in ("p50", "p90")
+            ],
+            width=8,
+        ),
+        timeseries_panel(
+            "Prompt length p50 and p90 by role",
+            "Prompt tokens per request of the engines given each role, p50 and p90 from their prompt-length "
+            "histogram buckets over 5 min (role:kv_engine_prompt_tokens:p50_rate5m, p90_rate5m). Context length is "
+            "what makes KV loads big: a TTFT that rises with the prompt length is longer prompts (more prefill, "
+            "more KV to load), not a fabric problem; a TTFT that rises with flat prompts while the NICs near line "
+            "rate is the fabric.",
+            "short",
+            [
+                Query(f'role:kv_engine_prompt_tokens:{quantile}_rate5m{{role=~"$role"}}', "{{role}} " + quantile)
+                for quantile in ("p50", "p90")
+            ],
+            width=8,
+            axis_label="tokens",
         ),
         timeseries_panel(
             "NIC bytes per second: $role",

@@ -1,9 +1,11 @@
-"""Fabric sources whose counters move, for the live dashboard test: an SPDK target and a sysfs tree of RDMA NICs.
+"""Fabric sources whose counters move, for the live dashboard test: an SPDK target, a sysfs tree of RDMA NICs and a
+vLLM engine's request histograms.
 
-Both replay the fixtures (tests/fixtures/spdk/live, tests/fixtures/rdma/sysfs, plus the SYNTHETIC RoCE port of
-tests/fixtures/rdma/synthetic/sysfs and its made-up congestion counters) with their I/O, reactor, data, congestion
-and error counters growing over time, so that rates, and latencies and busy shares as ratios of rates, have values.
-Everything else is answered or read exactly as in the fixtures.
+They replay the fixtures (tests/fixtures/spdk/live, tests/fixtures/rdma/sysfs, plus the SYNTHETIC RoCE port of
+tests/fixtures/rdma/synthetic/sysfs and its made-up congestion counters, and the TTFT and prompt-length histograms of
+tests/fixtures/vllm's rendered default /metrics) with their I/O, reactor, data, congestion, error and bucket counters
+growing over time, so that rates, and latencies, busy shares and quantiles from rates, have values. Everything else
+is answered or read exactly as in the fixtures.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import re
 import shutil
 import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -114,3 +117,66 @@ def rdma_tree(tmp_path: Path) -> Iterator[RdmaTree]:
     tree = RdmaTree(tmp_path / "sysfs")
     yield tree
     tree.close()
+
+
+# vLLM's request histograms the fabric dashboard reads (its TTFT and prompt length by role).
+_VLLM_HISTOGRAMS = ("vllm:time_to_first_token_seconds", "vllm:request_prompt_tokens")
+_VLLM_SAMPLE = re.compile(r"^(?P<series>\S+\}) (?P<value>\S+)$")
+
+
+class VllmEngine:
+    """A vLLM server on 127.0.0.1 whose GET /metrics answers the TTFT and prompt-length histograms of the rendered
+    vLLM 0.33 exposition (tests/fixtures/vllm, default config), every bucket, _count and _sum times the number of
+    GETs so far: the requests keep the captured distribution, so their quantiles are the captured ones."""
+
+    def __init__(self) -> None:
+        text = (FIXTURES / "vllm" / "metrics_rendered_v0.33.0_default_SYNTHETIC.txt").read_text()
+        self.lines = [line for line in text.splitlines() if _histogram_line(line)]
+        self.calls = 0
+        engine = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = engine.metrics().encode() if self.path == "/metrics" else b"not found"
+                self.send_response(200 if self.path == "/metrics" else 404)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self._httpd.server_port}/metrics"
+
+    def metrics(self) -> str:
+        self.calls += 1
+        scaled = []
+        for line in self.lines:
+            sample = _VLLM_SAMPLE.match(line)
+            scaled.append(f"{sample['series']} {float(sample['value']) * self.calls}" if sample else line)
+        return "\n".join(scaled) + "\n"
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
+def _histogram_line(line: str) -> bool:
+    """Whether a line of the exposition belongs to one of _VLLM_HISTOGRAMS: its HELP and TYPE, its buckets, _count
+    and _sum (not the _created gauge vLLM writes beside it)."""
+    if line.startswith("#"):
+        words = line.split()
+        return len(words) > 2 and words[1] in ("HELP", "TYPE") and words[2] in _VLLM_HISTOGRAMS
+    name = line.split("{", 1)[0]
+    return any(name in (f"{family}_bucket", f"{family}_count", f"{family}_sum") for family in _VLLM_HISTOGRAMS)
+
+
+@pytest.fixture
+def vllm_engine() -> Iterator[VllmEngine]:
+    engine = VllmEngine()
+    yield engine
+    engine.close()

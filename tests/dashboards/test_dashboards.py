@@ -1,11 +1,11 @@
-"""The Grafana dashboards: up to date, valid against Grafana's schemas, built by the rules of the issue, and every
-query answered by a real Prometheus that scrapes kvscope while an A/B runs.
+"""The Grafana dashboards: up to date, valid against Grafana's schemas, built by the rules every kvscope dashboard
+follows (dashboards/common.py), and every query answered by a real Prometheus that scrapes kvscope while an A/B runs.
 
 Static checks read the JSON the builders make (the committed files are checked to be exactly that). The live test
 starts the kvscope service (an embedded A/B of the long-output example runs in it), `kvscope scrape` over an SPDK
-target and RDMA NICs replayed from fixtures with moving counters, and a real Prometheus loading
-deploy/prometheus/rules/*.yml; then it resolves each dashboard's variables the way Grafana does and runs every
-panel query, annotation and REST table.
+target, RDMA NICs and a vLLM engine's request histograms replayed from fixtures with moving counters, and a real
+Prometheus loading deploy/prometheus/rules/*.yml; then it resolves each dashboard's variables the way Grafana does
+and runs every panel query, annotation and REST table.
 """
 
 from __future__ import annotations
@@ -352,8 +352,9 @@ class Prometheus:
         self.client.close()
 
 
-def _start_exporter(tmp_path: Path, spdk_socket: Path, sysfs: Path) -> tuple[subprocess.Popen, int]:
-    """`kvscope scrape` over the SPDK target and the RDMA tree, its Prometheus endpoint on a free port."""
+def _start_exporter(tmp_path: Path, spdk_socket: Path, sysfs: Path, vllm_url: str) -> tuple[subprocess.Popen, int]:
+    """`kvscope scrape` over the SPDK target, the RDMA tree and the vLLM engine (its KV loads cross the NoF role's
+    NICs), its Prometheus endpoint on a free port."""
     port = free_port()
     config = {
         "exporter": {"listen_host": "127.0.0.1", "listen_port": port},
@@ -373,6 +374,7 @@ def _start_exporter(tmp_path: Path, spdk_socket: Path, sysfs: Path) -> tuple[sub
                 "interval_s": 0.5,
                 "roles": {"mlx5_0": "dram", "mlx5_1": "nof", "mlx4_0": "nof", "hfi1_0": "nof"},
             },
+            {"name": "vllm-0", "source": "vllm", "url": vllm_url, "interval_s": 0.5, "labels": {"role": "nof"}},
         ],
     }
     (tmp_path / "targets.yaml").write_text(yaml.safe_dump(config))
@@ -480,14 +482,16 @@ def _rest_tables_without_data(service_url: str) -> tuple[int, list[str]]:
     return ran, missing
 
 
-def test_every_dashboard_query_returns_data_from_a_real_prometheus(tmp_path, real_binary, spdk_target, rdma_tree):
+def test_every_dashboard_query_returns_data_from_a_real_prometheus(
+    tmp_path, real_binary, spdk_target, rdma_tree, vllm_engine
+):
     binary = real_binary("prometheus")
     for name in ENGINES.snapshot():  # published by earlier tests in this process, frozen: not this test's A/B
         ENGINES.withdraw(name)
     service = Service(
         tmp_path, criteria=[ROOT / "criteria" / "media.yaml"], scrape_interval_s=0.5, dashboards_dir=FOLDER
     )
-    exporter, exporter_port = _start_exporter(tmp_path, spdk_target.path, rdma_tree.root)
+    exporter, exporter_port = _start_exporter(tmp_path, spdk_target.path, rdma_tree.root, vllm_engine.url)
     prometheus = Prometheus(
         binary,
         tmp_path,
@@ -539,6 +543,20 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(tmp_path, rea
         labels = {key: label for key, label in busy["metric"].items() if key != "__name__"}
         assert labels == {"target": "spdk-nof", "lcore": "0", "role": "nof"}
         assert float(busy["value"][1]) == pytest.approx(24639920196 / (24639920196 + 58028910781), rel=1e-6)
+        # The TTFT and prompt-length panels by role: the engine's buckets grow in the captured proportions, so the
+        # quantiles are the capture's, linear within a bucket. TTFT, 6 requests: 2 at most 0.1 s, 5 at most 0.25,
+        # 6 at most 0.5; the median is the 1st of 3 in (0.1, 0.25], the p90 0.4 of the one in (0.25, 0.5]. Prompts,
+        # 3 requests, all in (2000, 5000] tokens: 2000 + 3000 x 0.5 and x 0.9.
+        assert vllm_engine.calls > 5
+        for rule, expected in (
+            ("kv_engine_ttft_seconds:p50_rate5m", 0.1 + 0.15 / 3),
+            ("kv_engine_ttft_seconds:p90_rate5m", 0.25 + 0.25 * 0.4),
+            ("kv_engine_prompt_tokens:p50_rate5m", 3500),
+            ("kv_engine_prompt_tokens:p90_rate5m", 4700),
+        ):
+            (quantile,) = at_end(f"role:{rule}")
+            assert quantile["metric"]["role"] == "nof", quantile
+            assert float(quantile["value"][1]) == pytest.approx(expected, rel=1e-6), rule
 
         while (test := progress())["status"] == "running":  # verdicts come when it ends
             assert time.monotonic() < deadline, "the A/B did not finish"
