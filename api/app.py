@@ -75,7 +75,7 @@ def create_app(settings: Settings | None = None, on_started: Callable[[Services]
             forwarder = AlertmanagerForwarder(settings.alertmanager_url, book, settings.alert_resend_s, generator)
             forwarder.start()
         scraper = _scraper(settings, book)
-        bridge = TelemetryBridge(scraper, ExporterSettings())
+        bridge = app.state.telemetry = TelemetryBridge(scraper, ExporterSettings())
         stop = asyncio.Event()
         scraping = asyncio.create_task(scraper.run(stop))
         if on_started:

@@ -1,38 +1,81 @@
-"""The OpenTelemetry bridge: the KV-tier model's instruments as observable instruments over the scrape snapshots.
+"""The telemetry bridge: the KV-tier model's instruments, and kvscope's own series about each target, over the scrape
+snapshots, on a Prometheus endpoint and, when configured, over OTLP.
 
-Callbacks only read the targets' last successful scrape (a target that is down exports nothing rather than
-stale values). Readers: a Prometheus endpoint on 127.0.0.1 (PrometheusMetricReader behind prometheus_client's
-HTTP server) and, when configured, an OTLP exporter over HTTP or gRPC. Every series carries the `target` it came
-from, so two servers that both call their engine "0" stay apart.
+Both read only the targets' last successful scrape (a target that is down exports nothing rather than stale
+values), and every model series carries the `target` it came from, so two servers that both call their engine "0"
+stay apart. The Prometheus endpoint on 127.0.0.1 renders the snapshots itself (exporters.exposition: each series'
+text kept between scrapes) under the names OpenTelemetry's Prometheus exporter gives the same instruments; OTLP
+(HTTP or gRPC) goes through the OpenTelemetry SDK's observable instruments, whose callbacks only read.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import json
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from functools import partial
 
-from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
-from prometheus_client import REGISTRY, start_http_server
+from prometheus_client import REGISTRY, generate_latest
 
 from kvscope import __version__
 from kvscope.exporters.config import ExporterSettings, OtlpConfig
+from kvscope.exporters.exposition import Exposition, Family, MetricsServer, Row
 from kvscope.exporters.scrape import Scraper, TargetState
 from kvscope.model import INSTRUMENTS
 
 
+@dataclass(frozen=True, slots=True)
+class TargetInstrument:
+    """One of kvscope's own series about each target (labels `target` and `source`): what it reads of the state."""
+
+    name: str
+    kind: str
+    unit: str
+    description: str
+    read: Callable[[TargetState], Iterable[tuple[dict[str, str], float]]]  # extra labels and a value
+
+
+TARGET_INSTRUMENTS = (
+    TargetInstrument(
+        "kvscope.target.up", "gauge", "1", "1 if the target's last scrape worked", lambda s: [({}, int(s.up))]
+    ),
+    TargetInstrument(
+        "kvscope.scrape.duration", "gauge", "s", "duration of the last scrape", lambda s: [({}, s.duration_s)]
+    ),
+    TargetInstrument("kvscope.scrape.errors", "counter", "{scrape}", "scrapes that failed", lambda s: [({}, s.errors)]),
+    TargetInstrument(
+        "kvscope.source.read_errors",
+        "counter",
+        "{read}",
+        "parts of a target (files, RPC answers) a scrape could not read, by reason",
+        lambda s: [({"reason": reason}, count) for reason, count in s.read_errors.items()],
+    ),
+    TargetInstrument(
+        "kvscope.source.resets",
+        "counter",
+        "{reset}",
+        "source counters seen going backwards (a restarted source)",
+        lambda s: [({}, s.reset_count)],
+    ),
+)
+
+
 class TelemetryBridge:
-    def __init__(self, scraper: Scraper, settings: ExporterSettings) -> None:
+    def __init__(self, scraper: Scraper, settings: ExporterSettings, readers: Sequence[MetricReader] = ()) -> None:
+        """`readers`: OpenTelemetry metric readers besides OTLP's (another exporter of the same instruments)."""
         self.scraper = scraper
         self.settings = settings
-        self.prometheus_reader = PrometheusMetricReader()
-        readers: list[MetricReader] = [self.prometheus_reader]
-        if settings.otlp is not None:
-            readers.append(_otlp_reader(settings.otlp))
         resource = Resource.create({"service.name": "kvscope-exporter", "service.version": __version__})
+        attributes = {key: v if isinstance(v, str) else json.dumps(v) for key, v in resource.attributes.items()}
+        self.exposition = Exposition(attributes)
+        self._model_families = {i.name: Family.of(i.name, i.kind, i.unit, i.description) for i in INSTRUMENTS.values()}
+        self._target_families = [(i, Family.of(i.name, i.kind, i.unit, i.description)) for i in TARGET_INSTRUMENTS]
+        if settings.otlp is not None:
+            readers = [*readers, _otlp_reader(settings.otlp)]
         self.provider = MeterProvider(metric_readers=readers, resource=resource)
         meter = self.provider.get_meter("kvscope.exporters", __version__)
         for instrument in INSTRUMENTS.values():
@@ -43,49 +86,38 @@ class TelemetryBridge:
                 unit=instrument.unit,
                 description=instrument.description,
             )
-        meter.create_observable_gauge(
-            "kvscope.target.up",
-            [partial(self._observe_targets, lambda state: int(state.up))],
-            unit="1",
-            description="1 if the target's last scrape worked",
-        )
-        meter.create_observable_gauge(
-            "kvscope.scrape.duration",
-            [partial(self._observe_targets, lambda state: state.duration_s)],
-            unit="s",
-            description="duration of the last scrape",
-        )
-        meter.create_observable_counter(
-            "kvscope.scrape.errors",
-            [partial(self._observe_targets, lambda state: state.errors)],
-            unit="{scrape}",
-            description="scrapes that failed",
-        )
-        meter.create_observable_counter(
-            "kvscope.source.read_errors",
-            [self._observe_read_errors],
-            unit="{read}",
-            description="parts of a target (files, RPC answers) a scrape could not read, by reason",
-        )
-        meter.create_observable_counter(
-            "kvscope.source.resets",
-            [partial(self._observe_targets, lambda state: state.reset_count)],
-            unit="{reset}",
-            description="source counters seen going backwards (a restarted source)",
-        )
-        self._server = None
+        for own in TARGET_INSTRUMENTS:
+            create = meter.create_observable_counter if own.kind == "counter" else meter.create_observable_gauge
+            create(own.name, [partial(self._observe_targets, own)], unit=own.unit, description=own.description)
+        self._server: MetricsServer | None = None
 
     def serve(self) -> int:
         """Start the Prometheus endpoint; returns the port it listens on (useful when configured as 0)."""
-        self._server, _thread = start_http_server(
-            self.settings.listen_port, addr=self.settings.listen_host, registry=REGISTRY
-        )
-        return self._server.server_port
+        self._server = MetricsServer(self.settings.listen_host, self.settings.listen_port, self.metrics_body)
+        return self._server.port
+
+    def metrics_body(self) -> bytes:
+        """The whole /metrics text: the model and the targets' own series, then the process' registry (process,
+        Python runtime, and in the service its own metrics)."""
+        return self.prometheus_text().encode() + generate_latest(REGISTRY)
+
+    def prometheus_text(self) -> str:
+        """The model's series of every target that is up, and kvscope's own series of every target."""
+        model: dict[str, list[Row]] = {name: [] for name in self._model_families}
+        states = list(self.scraper.states.values())
+        for state in states:
+            if state.up:
+                target = state.config.name
+                for sample in state.normalized:
+                    model[sample.name].append((sample.labels, target, sample.value))
+        families = [(self._model_families[name], rows) for name, rows in model.items()]
+        for own, family in self._target_families:
+            families.append((family, [row for state in states for row in _target_rows(own, state)]))
+        return self.exposition.render(families)
 
     def shutdown(self) -> None:
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.close()
         self.provider.shutdown()
 
     def _observe_model(self, name: str, _options: CallbackOptions) -> Iterable[Observation]:
@@ -96,17 +128,17 @@ class TelemetryBridge:
                     if sample.name == name:
                         yield Observation(sample.value, {**sample.label_map, "target": target})
 
-    def _observe_targets(
-        self, read: Callable[[TargetState], float], _options: CallbackOptions
-    ) -> Iterable[Observation]:
-        """One observation per target of `read(state)`: up, last duration, errors, resets."""
-        for name, state in self.scraper.states.items():
-            yield Observation(read(state), {"target": name, "source": state.config.source})
+    def _observe_targets(self, own: TargetInstrument, _options: CallbackOptions) -> Iterable[Observation]:
+        for state in self.scraper.states.values():
+            for labels, _, value in _target_rows(own, state):
+                yield Observation(value, dict(labels))
 
-    def _observe_read_errors(self, _options: CallbackOptions) -> Iterable[Observation]:
-        for name, state in self.scraper.states.items():
-            for reason, count in state.read_errors.items():
-                yield Observation(count, {"target": name, "source": state.config.source, "reason": reason})
+
+def _target_rows(own: TargetInstrument, state: TargetState) -> Iterable[Row]:
+    """`own`'s rows for one target: its `target` and `source` labels, and what it reads."""
+    for extra, value in own.read(state):
+        labels = {"target": state.config.name, "source": state.config.source, **extra}
+        yield tuple(sorted(labels.items())), None, value
 
 
 def _otlp_reader(config: OtlpConfig) -> PeriodicExportingMetricReader:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from fastapi import APIRouter, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from kvscope import __version__
 from kvscope.api.deps import ServicesDep
@@ -19,6 +19,6 @@ def healthz(services: ServicesDep) -> Health:
 
 
 @router.get("/metrics", include_in_schema=False)
-def metrics() -> Response:
+def metrics(request: Request) -> Response:
     """The service's own metrics and the KV-tier model of everything it scrapes (A/B engines, clusters)."""
-    return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+    return Response(request.app.state.telemetry.metrics_body(), media_type=CONTENT_TYPE_LATEST)

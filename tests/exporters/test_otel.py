@@ -7,7 +7,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from support.realservers import PostReceiver, scrape_once, start_prometheus, wait_for
 
@@ -17,6 +19,7 @@ from kvscope.exporters.scrape import Scraper
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "vllm"
 OFFLOADING = FIXTURE / "metrics_rendered_v0.33.0_offloading_kvcachemetrics_SYNTHETIC.txt"
+RDMA_SYSFS = FIXTURE.parent / "rdma" / "sysfs"
 
 
 @pytest.fixture
@@ -71,6 +74,49 @@ def test_prometheus_endpoint_serves_the_model_with_targets_and_health(bridge_fac
     assert found[("kvscope_target_up", frozenset({("target", "dead"), ("source", "vllm")}))] == 0
     assert found[("kvscope_scrape_errors_total", frozenset({("target", "dead"), ("source", "vllm")}))] == 1
     assert not any(dict(labels).get("target") == "dead" for name, labels in found if name.startswith("kv_"))
+
+
+def test_the_endpoint_serves_what_opentelemetry_s_prometheus_exporter_would(metrics_server):
+    """Every family the endpoint renders itself, with its HELP, TYPE, series and values, is the one OpenTelemetry's
+    own Prometheus exporter makes of the same instruments over the same snapshots (the vLLM fixture, the RDMA
+    fixture tree, a dead target), less the otel_scope_* labels, which were the same on every series."""
+    url = metrics_server.serve("/metrics", OFFLOADING.read_bytes())
+    targets = [
+        {"name": "vllm-a", "source": "vllm", "url": url},
+        {"name": "nics", "source": "rdma", "sysfs": str(RDMA_SYSFS), "host": "node-a", "roles": {"mlx5_0": "nof"}},
+        {"name": "dead", "source": "vllm", "url": "http://127.0.0.1:9/metrics", "timeout_s": 0.5},
+    ]
+    config = parse_config({"exporter": {"listen_port": 0}, "targets": targets})
+    scraper = Scraper(config.targets)
+    scrape_once(scraper)
+    registry = CollectorRegistry()
+    bridge = TelemetryBridge(scraper, config.exporter, readers=[PrometheusMetricReader(registry=registry)])
+    try:
+        ours = text_string_to_metric_families(bridge.prometheus_text())
+        theirs = text_string_to_metric_families(generate_latest(registry).decode())
+
+        def described(families) -> dict[str, tuple]:
+            return {
+                f.name: (
+                    f.type,
+                    f.documentation,
+                    sorted((s.name, sorted(s.labels.items()), s.value) for s in f.samples),
+                )
+                for f in families
+            }
+
+        def unscoped(families):
+            for family in families:
+                for sample in family.samples:
+                    for label in [k for k in sample.labels if k.startswith("otel_scope_")]:
+                        del sample.labels[label]
+                yield family
+
+        ours, theirs = described(ours), described(unscoped(theirs))
+        assert {"kv_prefix_query_tokens", "rdma_port_tx_bytes", "kvscope_target_up", "target_info"} <= set(ours)
+        assert ours == theirs
+    finally:
+        bridge.shutdown()
 
 
 def test_promtool_finds_nothing_to_complain_about(bridge_factory, check_metrics):
