@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from fastapi import HTTPException, status
 
-from kvscope.tierstore.scenario import Scenario
+from kvscope.tierstore.scenario import ArmSpec, Scenario
 
 MAX_BLOCK_LOOKUPS = 50_000_000  # the work of an A/B, in block lookups: about a minute; long_output is 1.6 M + 0.8 M
 # Each round of each arm is also recorded: a scrape of its engine through the exporters and the round's database
@@ -18,6 +18,11 @@ MAX_REQUESTS = 1_000_000  # sessions x rounds: each request is an object and a p
 # requests: a 700-byte body of 10 arms x 1,000,000 rounds once asked for a 136 MB prediction.
 MAX_ROUNDS = 1_000
 MAX_ARMS = 16
+# Each tier of an arm (attached ones too) is a key of four maps in every row of the arm and a line of its layout: so
+# bounded, a row is about 2 KB at most (200 tiers named in 60 characters made rows of 60 KB, and a 1 MB body holds
+# thousands of tiers)
+MAX_TIERS = 8
+MAX_TIER_NAME = 32
 MAX_REAL_BYTES = 2 * 1024**3  # memory and file backends hold real bytes: their sum over a scenario's arms
 # A real Mooncake arm holds its segment in memory and its SSD tier on the service's disk, and paces its requests
 # (request_interval): bound both, and the requests, so one A/B takes minutes, not hours.
@@ -47,6 +52,7 @@ def accept(scenario: Scenario) -> Scenario:
     else:
         problems += _too_much_work(scenario)
     for arm_name, arm in scenario.arms.items():
+        problems += _tier_bounds(arm_name, arm)
         for tier in arm.tiers + arm.attached:
             if tier.path is not None:
                 problems.append(
@@ -78,6 +84,22 @@ def real_bytes(scenario: Scenario) -> int:
         for tier in arm.tiers + arm.attached
         if tier.backend != "accounting"
     )
+
+
+def _tier_bounds(arm_name: str, arm: ArmSpec) -> list[tuple]:
+    """At most MAX_TIERS tiers in an arm, attached ones included, each named in at most MAX_TIER_NAME characters."""
+    problems: list[tuple] = []
+    if (count := len(arm.tiers) + len(arm.attached)) > MAX_TIERS:
+        problems.append(
+            ("arms", arm_name, "tiers", f"{count} tiers (attached ones included) is more than an arm has over the API "
+             f"({MAX_TIERS})")
+        )  # fmt: skip
+    for kind, tiers in (("tiers", arm.tiers), ("attached", arm.attached)):
+        for index, tier in enumerate(tiers):
+            if len(tier.name) > MAX_TIER_NAME:
+                msg = f"a tier's name is at most {MAX_TIER_NAME} characters over the API"
+                problems.append(("arms", arm_name, kind, index, "name", msg))
+    return problems
 
 
 def _real_components_missing(scenario: Scenario) -> list[tuple]:

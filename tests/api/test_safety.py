@@ -7,6 +7,7 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
+from kvscope.api.scenarios import MAX_TIER_NAME, MAX_TIERS
 from kvscope.api.settings import Settings
 
 AUTH = {"Authorization": "Bearer test-token"}
@@ -186,6 +187,35 @@ def test_a_small_body_cannot_ask_for_a_huge_answer(client):
     answer = client.post("/api/v1/predict", json=many_arms)
     assert answer.status_code == 422 and "17 arms is more than the service runs (16)" in answer.text
     assert len(client.post("/api/v1/predict", json=SMALL).content) < 20_000
+
+
+def tiered(tiers: int, name_length: int = 4) -> dict:
+    """SMALL with one arm of `tiers` tiers, each named in `name_length` characters."""
+    layout = [{"name": f"t{index}".ljust(name_length, "x"), "capacity": "1MB"} for index in range(tiers)]
+    return {**SMALL, "arms": {"a": {"tiers": layout}}}
+
+
+def test_an_arm_has_at_most_8_tiers_named_in_at_most_32_characters(client):
+    """Each tier is a key of four maps in every row of its arm: 200 tiers named in 60 characters once made a
+    10-round detail 617 KB from a 19 KB body, and a bigger body holds thousands of tiers."""
+    answer = client.post("/api/v1/ab", json={"scenario": tiered(MAX_TIERS + 1)}, headers=AUTH)
+    assert answer.status_code == 422
+    assert answer.json()["detail"][0]["loc"] == ["body", "scenario", "arms", "a", "tiers"]
+    assert "9 tiers (attached ones included) is more than an arm has over the API (8)" in answer.text
+
+    attached = tiered(MAX_TIERS - 1)
+    attached["arms"]["a"]["attached"] = [{"name": "nof", "capacity": "1GB"}, {"name": "s3", "capacity": "1GB"}]
+    assert client.post("/api/v1/predict", json=attached).status_code == 422
+
+    long_name = tiered(1)
+    long_name["arms"]["a"]["attached"] = [{"name": "n" * (MAX_TIER_NAME + 1), "capacity": "1GB"}]
+    answer = client.post("/api/v1/predict", json=long_name)
+    assert answer.status_code == 422 and "n" * (MAX_TIER_NAME + 1) not in answer.text
+    (problem,) = answer.json()["detail"]
+    assert problem["loc"] == ["body", "scenario", "arms", "a", "attached", 0, "name"]
+    assert problem["msg"] == "a tier's name is at most 32 characters over the API"
+
+    assert client.post("/api/v1/predict", json=tiered(MAX_TIERS, MAX_TIER_NAME)).status_code == 200
 
 
 def test_provisioning_with_grafana_unreachable_is_a_502_that_names_it(app_factory, tmp_path):
