@@ -9,6 +9,8 @@ samples get their wire name back and raw samples, mappings and an auditor's Prom
 
 from __future__ import annotations
 
+import re
+
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import AnyHttpUrl
@@ -61,28 +63,30 @@ class ExpositionParser:
 
     def __init__(self, source: str, target: str) -> None:
         self.source, self.target = source, target
-        self._skeleton: list[str] | None = None
+        self._skeleton: list[tuple[str, str, str]] | None = None
         self._series: list[tuple[str, Labels, Kind] | None] = []  # per sample line; None: not a measurement
 
     def parse(self, text: str) -> list[Sample]:
         skeleton, values = _skeleton(text)
         if skeleton != self._skeleton:
             return self._parse_whole(text, skeleton, len(values))
-        source, samples = self.source, []
         try:
-            for series, value in zip(self._series, values, strict=True):
-                if series is not None:
-                    samples.append(Sample(source, *series[:2], float(value), series[2]))
+            numbers = list(map(float, values))
         except ValueError as error:
             raise CollectError(f"{self.target}: not a Prometheus text exposition: {error}") from None
-        return samples
+        source = self.source
+        return [
+            Sample(source, series[0], series[1], number, series[2])
+            for series, number in zip(self._series, numbers, strict=True)
+            if series is not None
+        ]
 
-    def _parse_whole(self, text: str, skeleton: list[str], sample_lines: int) -> list[Sample]:
+    def _parse_whole(self, text: str, skeleton: list[tuple[str, str, str]], sample_lines: int) -> list[Sample]:
         try:
             families = list(text_string_to_metric_families(text))
         except ValueError as error:
             raise CollectError(f"{self.target}: not a Prometheus text exposition: {error}") from None
-        wire = [line.partition("{")[0].split(None, 1)[0] for line in skeleton if line and line[0] != "#"]
+        wire = [series.partition("{")[0] for _, series, _ in skeleton if series]
         on_the_wire = set(wire)
         parsed: list[tuple[str, Labels, Kind, float] | None] = []
         for family in families:
@@ -100,21 +104,13 @@ class ExpositionParser:
         return [Sample(self.source, name, labels, value, kind) for name, labels, kind, value in filter(None, parsed)]
 
 
-def _skeleton(text: str) -> tuple[list[str], list[str]]:
+# One line of an exposition: a comment; a sample (its series: the name and the label set up to the line's last
+# brace, then its value, then what follows: a timestamp); or anything else, which no parse will match. Blank lines
+# match nothing.
+_LINE = re.compile(r"^[ \t]*(?:(#.*)|([^\s#{]+(?:\{.*\})?)[ \t]+(\S+).*|(\S.*))$", re.MULTILINE)
+
+
+def _skeleton(text: str) -> tuple[list[tuple[str, str, str]], list[str]]:
     """Each line of an exposition without its sample's value and timestamp, and the values, in line order."""
-    skeleton: list[str] = []
-    values: list[str] = []
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line[0] == "#":
-            skeleton.append(line)
-            continue
-        brace = line.rfind("}")  # the end of the label set: a value or timestamp holds no brace
-        if brace >= 0:
-            series, rest = line[: brace + 1], line[brace + 1 :]
-        else:
-            series, _, rest = line.partition(" ")
-        tokens = rest.split()
-        skeleton.append(series if tokens else line + "\x00")  # a line without a value never matches a parse
-        values.append(tokens[0] if tokens else "")
-    return skeleton, values
+    lines = _LINE.findall(text)
+    return [(comment, series, other) for comment, series, _, other in lines], [v for _, s, v, _ in lines if s]
