@@ -129,6 +129,84 @@ INSTRUMENTS: dict[str, Instrument] = {
             ("engine",),
             "how long the newest live KV-event batch took from the engine's clock to the subscriber",
         ),
+        # NVIDIA Dynamo: its frontend's view (per model), its KV router's (per router: the frontend's instance id;
+        # the router's counters are not split per worker) and its workers' engines (`worker_id`: Dynamo's instance
+        # id of the worker, as the frontend writes it; `engine`: the engine's data-parallel rank).
+        Instrument(
+            "kv.frontend.prompt.tokens",
+            "counter",
+            "{token}",
+            ("model",),
+            "prompt tokens of the requests a Dynamo frontend served, per model",
+        ),
+        Instrument(
+            "kv.frontend.cached.tokens",
+            "counter",
+            "{token}",
+            ("model",),
+            "prompt tokens the workers served from their prefix caches, as the frontend's responses report them "
+            "(usage cached_tokens), per model",
+        ),
+        Instrument(
+            "kv.router.prompt.tokens",
+            "counter",
+            "{token}",
+            ("router", "model", "phase"),
+            "prompt tokens a KV router routed, counted when it routes them",
+        ),
+        Instrument(
+            "kv.router.prefix.tokens",
+            "counter",
+            "{token}",
+            ("router", "model", "phase", "choice"),
+            "cached prefix tokens a KV router expected at each routing decision: on the worker it chose "
+            "(choice=selected) and on the best eligible worker (choice=best_eligible); what the workers then served "
+            "is kv.frontend.cached.tokens",
+        ),
+        Instrument(
+            "kv.router.events",
+            "counter",
+            "{event}",
+            ("router", "event", "status"),
+            "KV events from the workers a KV router applied to its index, by event (stored, removed, cleared) and "
+            "status (ok, or why the index rejected it)",
+        ),
+        Instrument(
+            "kv.model.blocks",
+            "gauge",
+            "{block}",
+            ("model",),
+            "KV cache blocks of a worker serving the model, from the worker's runtime configuration (Dynamo)",
+        ),
+        Instrument(
+            "kv.model.block.tokens",
+            "gauge",
+            "{token}",
+            ("model",),
+            "tokens in one KV cache block of the model's workers (Dynamo)",
+        ),
+        Instrument(
+            "kv.engine.cache.usage",
+            "gauge",
+            "1",
+            ("engine", "worker_id"),
+            "fraction of the engine's KV cache blocks in use (0 when idle)",
+        ),
+        Instrument(
+            "kv.engine.blocks",
+            "gauge",
+            "{block}",
+            ("engine", "worker_id"),
+            "KV cache blocks the engine has (Dynamo's vLLM worker reports them per data-parallel rank)",
+        ),
+        Instrument(
+            "kv.engine.active.blocks",
+            "gauge",
+            "{block}",
+            ("engine", "worker_id"),
+            "KV blocks the requests running on the engine hold, as the Dynamo KV router tracks them (its estimate; "
+            "it can exceed the engine's blocks)",
+        ),
         Instrument("kv.store.put.bytes", "counter", "By", _TIER, "bytes of KV blocks clients saved (logical puts)"),
         Instrument("kv.store.put.ops", "counter", "{operation}", _TIER, "KV save operations"),
         Instrument("kv.store.get.bytes", "counter", "By", _TIER, "bytes of KV blocks clients loaded (logical gets)"),
@@ -313,8 +391,8 @@ INSTRUMENTS: dict[str, Instrument] = {
 }
 
 # The units INSTRUMENTS use, as the OpenTelemetry Prometheus exporter spells them in a metric name (it follows the
-# OpenTelemetry spec's table); an annotation such as `{token}` adds nothing.
-_PROMETHEUS_UNITS = {"By": "bytes", "s": "seconds", "By/s": "bytes_per_second"}
+# OpenTelemetry spec's table); an annotation such as `{token}` adds nothing, and so does "1" (a ratio).
+_PROMETHEUS_UNITS = {"By": "bytes", "s": "seconds", "By/s": "bytes_per_second", "1": ""}
 
 
 def prometheus_name(instrument: Instrument) -> str:
