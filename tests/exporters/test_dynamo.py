@@ -1,0 +1,255 @@
+"""NVIDIA Dynamo's /metrics through the collector and its mapping, over a real HTTP server on 127.0.0.1: the
+frontend's and both workers' expositions captured from a real Dynamo 1.6.1 stack (tests/fixtures/dynamo,
+PROVENANCE.md), held against the raw values they come from, the responses' usage of the same run and a golden
+normalized output (regenerate with KVSCOPE_UPDATE_GOLDEN=1 after a deliberate mapping change, and review the diff)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from support.realservers import scrape_once, served_exposition
+from support.scrape import collect_once
+
+from kvscope.exporters.config import parse_config
+from kvscope.exporters.dynamo import INSTANCE_LABEL, DynamoCollector, instance_id_samples
+from kvscope.exporters.normalizer import mapping_for
+from kvscope.exporters.otel import TelemetryBridge
+from kvscope.exporters.scrape import Scraper
+from kvscope.samples import Sample
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "dynamo"
+GOLDEN = FIXTURES / "normalized.golden.json"
+CAPTURES = sorted(path.name for path in FIXTURES.glob("*.prom"))
+RUNS = ("routed", "small_blocks")
+
+
+def scrape(url: str, name: str = "dynamo-a", **extra) -> tuple[list[Sample], list[Sample], DynamoCollector]:
+    config = parse_config({"targets": [{"name": name, "source": "dynamo", "url": url, **extra}]}).targets[0]
+    collector = DynamoCollector(config)
+    raw = collect_once(collector)
+    return raw, mapping_for("dynamo").apply(raw, config.labels), collector
+
+
+def served(metrics_server, capture: str) -> tuple[list[Sample], list[Sample]]:
+    raw, normalized, collector = scrape(metrics_server.serve(f"/{capture}", (FIXTURES / capture).read_bytes()))
+    assert collector.take_read_errors() == []
+    return raw, normalized
+
+
+def raw_value(raw: list[Sample], name: str, **labels: str) -> float:
+    matching = [s.value for s in raw if s.name == name and all(s.label_map.get(k) == v for k, v in labels.items())]
+    assert matching, (name, labels)
+    return sum(matching)
+
+
+def model(normalized: list[Sample], name: str, **labels: str) -> float:
+    matching = [s.value for s in normalized if s.name == name and s.label_map == labels]
+    assert len(matching) == 1, (name, labels, [s.label_map for s in normalized if s.name == name])
+    return matching[0]
+
+
+def usage(run: str) -> dict:
+    return json.loads((FIXTURES / f"{run}_usage.json").read_text())
+
+
+def golden_form(normalized: list[Sample]) -> list[dict]:
+    return sorted(({"name": s.name, "labels": s.label_map, "value": s.value} for s in normalized), key=json.dumps)
+
+
+def test_the_captures_are_the_two_runs_with_frontend_and_both_workers():
+    for run in RUNS:
+        assert {f"{run}_frontend.prom", f"{run}_worker0.prom", f"{run}_worker1.prom"} <= set(CAPTURES)
+    assert {"small_blocks_midload_frontend.prom", "small_blocks_midload_worker0.prom"} <= set(CAPTURES)
+
+
+@pytest.mark.parametrize("capture", [c for c in CAPTURES if "frontend" in c])
+def test_a_frontend_s_and_its_router_s_series_map_as_dynamo_wrote_them(metrics_server, capture):
+    """Per model: prompt and cached tokens (the histograms' sums), KV blocks and block size; per router: prompt
+    tokens routed, cached prefix chosen and best eligible, KV events applied by event and status; per worker: the
+    router's count of its active blocks. Every mapped value is the raw one; the router is named by its own id, on
+    the events too (Dynamo labels them with the frontend's instance id, in hex: the collector's decimal)."""
+    raw, normalized = served(metrics_server, capture)
+    router = {s.label_map["router_id"] for s in raw if "router_id" in s.label_map}
+    assert len(router) == 1
+    (router_id,) = router
+    assert {s.label_map[INSTANCE_LABEL] for s in raw} == {router_id}  # the frontend's instance id is the router's
+    assert model(normalized, "kv.frontend.prompt.tokens", model="tiny") == raw_value(
+        raw, "dynamo_frontend_input_sequence_tokens_sum", model="tiny"
+    )
+    assert model(normalized, "kv.frontend.cached.tokens", model="tiny") == raw_value(
+        raw, "dynamo_frontend_cached_tokens_sum", model="tiny"
+    )
+    assert model(normalized, "kv.model.blocks", model="tiny") == raw_value(raw, "dynamo_frontend_model_total_kv_blocks")
+    assert model(normalized, "kv.model.block.tokens", model="tiny") == 16
+    per_router = {"router": router_id, "model": "tiny", "phase": "aggregated"}
+    assert model(normalized, "kv.router.prompt.tokens", **per_router) == raw_value(
+        raw, "dynamo_component_router_input_sequence_tokens_sum"
+    )
+    counters = {"selected": "dynamo_component_router_kv_selected_cached_prefix_tokens_total",
+                "best_eligible": "dynamo_component_router_kv_best_eligible_cached_prefix_tokens_total"}  # fmt: skip
+    for choice, name in counters.items():
+        assert model(normalized, "kv.router.prefix.tokens", **per_router, choice=choice) == raw_value(raw, name) > 0
+    events = [s for s in raw if s.name == "dynamo_component_kv_cache_events_applied"]
+    assert len(events) == 27  # stored, removed, cleared x ok and 8 rejection statuses
+    for sample in events:
+        labels = sample.label_map
+        assert model(normalized, "kv.router.events", router=router_id, event=labels["event_type"],
+                     status=labels["status"]) == sample.value  # fmt: skip
+    workers = {s.label_map["worker_id"] for s in raw if s.name == "dynamo_frontend_worker_active_decode_blocks"}
+    assert len(workers) == 2
+    for worker in workers:
+        assert model(normalized, "kv.engine.active.blocks", engine="0", worker_id=worker) == raw_value(
+            raw, "dynamo_frontend_worker_active_decode_blocks", worker_id=worker
+        )
+    # the router's counters are per router: no mapped router series names a worker
+    assert not any("worker_id" in s.label_map for s in normalized if s.name.startswith("kv.router."))
+
+
+@pytest.mark.parametrize("capture", [c for c in CAPTURES if "worker" in c])
+def test_a_worker_s_engine_series_carry_its_id_as_the_frontend_writes_it(metrics_server, capture):
+    """KV usage, preemptions and TTFT buckets of the mocker's engine (vllm:* names, labelled only engine and model)
+    carry the worker's instance id: the hex worker_id of its dynamo_component_* series, in decimal, which is the id
+    the frontend's per-worker series use."""
+    raw, normalized = served(metrics_server, capture)
+    run = capture.split("_worker")[0].removesuffix("_midload")
+    role = capture.removesuffix(".prom").rsplit("_", 1)[1]
+    worker = usage(run)["worker_ids"][role]
+    hex_ids = {s.label_map["worker_id"] for s in raw if s.name.startswith("dynamo_component_") and "worker_id" in
+               s.label_map}  # fmt: skip
+    assert hex_ids == {f"{int(worker):x}"}
+    assert {s.label_map["worker_id"] for s in normalized} == {worker}
+    engine = {"engine": "0", "worker_id": worker}
+    assert model(normalized, "kv.engine.cache.usage", **engine) == raw_value(raw, "vllm:kv_cache_usage_perc")
+    assert model(normalized, "kv.engine.preemptions", **engine) == raw_value(raw, "vllm:num_preemptions_total")
+    bounds = {s.label_map["le"] for s in raw if s.name == "vllm:time_to_first_token_seconds_bucket"}
+    assert "+Inf" in bounds and len(bounds) > 5
+    for le in bounds:
+        assert model(normalized, "kv.engine.ttft.requests", **engine, role="", upper_bound=le) == raw_value(
+            raw, "vllm:time_to_first_token_seconds_bucket", le=le
+        )
+    assert model(normalized, "kv.engine.ttft.requests", **engine, role="", upper_bound="+Inf") == raw_value(
+        raw, "vllm:time_to_first_token_seconds_count"
+    )
+    assert {s.name for s in normalized} == {"kv.engine.cache.usage", "kv.engine.preemptions", "kv.engine.ttft.requests"}
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_the_frontend_s_tokens_are_the_responses_and_the_router_s_gap_shows_with_evictions(metrics_server, run):
+    """The frontend's prompt and cached tokens equal the responses' usage summed over the run. Nothing evicted
+    (routed): the router's chosen cached prefix is what the workers served. Small blocks: blocks removed, requests
+    preempted on both workers, and the router expected more cached prefix than the workers still held."""
+    answers = usage(run)["served"]
+    _, frontend = served(metrics_server, f"{run}_frontend.prom")
+    cached = model(frontend, "kv.frontend.cached.tokens", model="tiny")
+    assert model(frontend, "kv.frontend.prompt.tokens", model="tiny") == answers["prompt_tokens"]
+    assert cached == answers["cached_tokens"] > 0
+    prefix = {s.label_map["choice"]: s.value for s in frontend if s.name == "kv.router.prefix.tokens"}
+    events = Counter()
+    for sample in frontend:
+        if sample.name == "kv.router.events":
+            events[(sample.label_map["event"], sample.label_map["status"])] += sample.value
+    workers = [served(metrics_server, f"{run}_worker{index}.prom")[1] for index in (0, 1)]
+    preemptions = [s.value for normalized in workers for s in normalized if s.name == "kv.engine.preemptions"]
+    # every event was applied (ok); nothing rejected
+    assert sum(value for (_, status), value in events.items() if status != "ok") == 0
+    if run == "routed":
+        assert prefix == {"selected": cached, "best_eligible": cached}
+        assert events[("removed", "ok")] == 0 and events[("stored", "ok")] > 0 and preemptions == [0, 0]
+    else:
+        assert prefix["best_eligible"] >= prefix["selected"] > 2 * cached
+        assert events[("removed", "ok")] > 0 and all(preemptions)
+
+
+def test_mid_load_the_workers_caches_are_in_use(metrics_server):
+    """Scraped while the last round ran: both workers' KV usage above 0 (it falls to 0 when idle, as at the end)."""
+    for index in (0, 1):
+        _, busy = served(metrics_server, f"small_blocks_midload_worker{index}.prom")
+        _, idle = served(metrics_server, f"small_blocks_worker{index}.prom")
+        assert next(s.value for s in busy if s.name == "kv.engine.cache.usage") > 0.5
+        assert [s.value for s in idle if s.name == "kv.engine.cache.usage"] == [0.0]
+
+
+@pytest.mark.parametrize("capture", CAPTURES)
+def test_each_capture_s_normalized_output_is_the_golden_one(metrics_server, capture):
+    _, normalized = served(metrics_server, capture)
+    golden = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
+    if os.environ.get("KVSCOPE_UPDATE_GOLDEN") == "1":
+        golden[capture] = golden_form(normalized)
+        GOLDEN.write_text(json.dumps(dict(sorted(golden.items())), indent=1) + "\n")
+    assert golden_form(normalized) == golden[capture]
+
+
+SEVERAL_WORKERS = """\
+# TYPE dynamo_component_uptime_seconds gauge
+dynamo_component_uptime_seconds{worker_id="a"} 1
+dynamo_component_uptime_seconds{worker_id="b"} 1
+# TYPE vllm:num_preemptions_total counter
+vllm:num_preemptions_total{engine="0",model_name="tiny"} 3
+"""
+
+
+def test_an_exposition_of_several_workers_attaches_no_id_and_says_why(metrics_server):
+    """`--num-workers 2` in one process: whose engine series are whose cannot be told. Nothing is attached, the
+    scrape counts a read error, and the rest is exported as it is."""
+    raw, normalized, collector = scrape(metrics_server.serve("/metrics", SEVERAL_WORKERS))
+    assert not any(INSTANCE_LABEL in s.label_map for s in raw)
+    (error,) = collector.take_read_errors()
+    assert error.reason == "unparseable" and "several Dynamo instance ids" in error.detail and "a, b" in error.detail
+    assert [(s.name, s.label_map, s.value) for s in normalized] == [
+        ("kv.engine.preemptions", {"engine": "0", "worker_id": ""}, 3.0)
+    ]
+
+
+def test_an_exposition_without_dynamo_s_own_series_is_left_as_it_is():
+    samples = [Sample("dynamo", "vllm:num_preemptions_total", (("engine", "0"),), 1.0, "counter")]
+    assert instance_id_samples(samples) == (samples, None)
+
+
+def test_promtool_accepts_the_served_exposition_of_a_frontend_and_two_workers(metrics_server, check_metrics):
+    targets = [
+        {"name": f"dynamo-{role}", "source": "dynamo", "url": metrics_server.serve(f"/{role}", (
+            FIXTURES / f"small_blocks_midload_{role}.prom").read_bytes())}
+        for role in ("frontend", "worker0", "worker1")
+    ]  # fmt: skip
+    text = served_exposition(parse_config({"exporter": {"listen_port": 0}, "targets": targets}))
+    for name in ("kv_router_prefix_tokens_total{", "kv_router_events_total{", "kv_frontend_cached_tokens_total{",
+                 "kv_engine_cache_usage{", "kv_engine_active_blocks{", "kv_model_blocks{"):  # fmt: skip
+        assert f"\n{name}" in text, name
+    check_metrics(text)
+
+
+def test_the_served_families_are_what_opentelemetry_s_exporter_makes_of_them(metrics_server):
+    """kvscope renders its endpoint itself: the new instruments (a ratio's unit "1" among them) come out with the
+    names, types, help, series and values OpenTelemetry's own Prometheus exporter gives them (less otel_scope_*)."""
+    targets = [
+        {"name": f"dynamo-{role}", "source": "dynamo", "url": metrics_server.serve(f"/{role}", (
+            FIXTURES / f"small_blocks_midload_{role}.prom").read_bytes())}
+        for role in ("frontend", "worker0")
+    ]  # fmt: skip
+    config = parse_config({"exporter": {"listen_port": 0}, "targets": targets})
+    scraper = Scraper(config.targets)
+    scrape_once(scraper)
+    registry = CollectorRegistry()
+    bridge = TelemetryBridge(scraper, config.exporter, readers=[PrometheusMetricReader(registry=registry)])
+
+    def described(text: str) -> dict[str, tuple]:
+        return {
+            family.name: (family.type, family.documentation, sorted(
+                (s.name, sorted((k, v) for k, v in s.labels.items() if not k.startswith("otel_scope_")), s.value)
+                for s in family.samples))
+            for family in text_string_to_metric_families(text)
+        }  # fmt: skip
+
+    try:
+        ours, theirs = described(bridge.prometheus_text()), described(generate_latest(registry).decode())
+    finally:
+        bridge.shutdown()
+    assert {"kv_engine_cache_usage", "kv_router_prefix_tokens", "kv_router_events", "kv_model_blocks"} <= set(ours)
+    assert ours == theirs
