@@ -121,13 +121,13 @@ class ABHistory:
             tests.append(test)
         return tests
 
-    def rows(self, db: Database, ab_id: str, since_round: int) -> dict[str, list[dict]]:
-        """Each arm's rows of rounds after `since_round`, in round order."""
+    def rows(self, db: Database, ab_id: str, since_round: int, until_round: int) -> dict[str, list[dict]]:
+        """Each arm's rows of rounds after `since_round` up to `until_round`, in round order."""
         found: dict[str, list[dict]] = {}
         for arm, row in run_sql(
             db.con,
-            "SELECT arm, row FROM ab_rows WHERE ab_id = ? AND round > ? ORDER BY arm, round",
-            [ab_id, since_round],
+            "SELECT arm, row FROM ab_rows WHERE ab_id = ? AND round > ? AND round <= ? ORDER BY arm, round",
+            [ab_id, since_round, until_round],
         ):
             found.setdefault(arm, []).append(json.loads(row))
         return found

@@ -127,12 +127,19 @@ class ABManager:
         with self._lock:
             return list(self._tests.values())
 
-    def rows(self, db: Database, test: ABTest, since_round: int = -1) -> dict[str, list[dict]]:
-        """Each arm's rows of rounds after `since_round`: a running test's from memory, an ended one's from the
-        database (an ended test keeps none in memory)."""
+    def rows(
+        self, db: Database, test: ABTest, since_round: int = -1, until_round: int = 2**31 - 1
+    ) -> dict[str, list[dict]]:
+        """Each arm's rows of rounds after `since_round` up to `until_round`: a running test's from memory, an
+        ended one's from the database (an ended test keeps none in memory)."""
         if test.status == "running":
-            return {name: [row for row in arm.rows if row["round"] > since_round] for name, arm in test.arms.items()}
-        stored = self.history.rows(db, test.id, since_round)
+            held = {
+                name: [row for row in arm.rows if since_round < row["round"] <= until_round]
+                for name, arm in test.arms.items()
+            }
+            if test.status == "running":  # still: its rows were not dropped meanwhile (they are once it has ended)
+                return held
+        stored = self.history.rows(db, test.id, since_round, until_round)
         return {name: stored.get(name, []) for name in test.arms}
 
     def deleted(self, db: Database, test_id: str) -> float | None:

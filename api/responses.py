@@ -108,6 +108,11 @@ class ABSummary(BaseModel):
 class ABDetail(ABSummary):
     spec: dict = Field(description="the scenario as accepted")
     arms: dict[str, ArmDetail]  # type: ignore[assignment]  # the summary's arms, with their rows
+    next_since_round: RoundNumber | None = Field(
+        None,
+        description="more rounds are recorded than this answer holds: ask again with since_round set to this; "
+        "null when it holds every recorded row after since_round",
+    )
 
 
 class ABDeletion(BaseModel):

@@ -25,6 +25,10 @@ from kvscope.verifier.db import Database
 
 router = APIRouter(prefix="/api/v1/ab", tags=["ab"], route_class=TokenFirst)
 MAX_LISTED = 1000
+# A detail holds whole rounds of every arm, at most this many rows (at least one round). With an arm's tiers bounded
+# (api/scenarios.py) a page is at most about 0.6 MB: 622 KB for 16 arms of 8 tiers with names at their bounds, whose
+# 2,480 rows (155 rounds, the most the work bound allows) made a 4.8 MB detail in one answer
+MAX_PAGE_ROWS = 256
 ABId = Annotated[str, Path(max_length=64, openapi_examples={"first": {"value": "ab-1"}})]
 
 
@@ -116,17 +120,33 @@ def get_ab(
     services: ServicesDep,
     db: DatabaseDep,
     since_round: Annotated[
-        int, Query(ge=-1, le=MAX_ROUNDS, description="only the rows of rounds after this one (-1: every row)")
+        int,
+        Query(ge=-1, le=MAX_ROUNDS, description="only the rows of rounds after this one (-1 or 0: from the first)"),
     ] = -1,
+    max_rows: Annotated[
+        int,
+        Query(
+            ge=1,
+            le=MAX_PAGE_ROWS,
+            description="at most this many rows, in whole rounds of every arm (at least one round); "
+            "`next_since_round` says where the rest begin",
+        ),
+    ] = MAX_PAGE_ROWS,
 ) -> ABDetail:
-    """Progress, the per-round rows of every arm (the A/B contract's rows), and the verdicts once it ended."""
+    """Progress, the per-round rows of every arm (the A/B contract's rows), and the verdicts once it ended. Rows
+    come a page at a time: the rounds after `since_round` that fit in `max_rows` (at most 256); when more rounds
+    are recorded, `next_since_round` is the `since_round` of the next page."""
     test = _test_or_error(services, db, ab_id)
-    rows = services.ab.rows(db, test, since_round)
-    summary = _summary(test)
+    summary = _summary(test)  # before the rows: a running test's rows only grow, so none is missed
+    recorded = max((arm.rounds_done for arm in summary.arms.values()), default=0)
+    since = max(since_round, 0)
+    until = since + max(1, max_rows // max(1, len(test.arms)))
+    rows = services.ab.rows(db, test, since, until)
     return ABDetail(
         **summary.model_dump(exclude={"arms"}),
         spec=test.scenario.model_dump(mode="json"),
-        arms={name: ArmDetail(**_arm(state), rows=rows[name]) for name, state in test.arms.items()},
+        arms={name: ArmDetail(**summary.arms[name].model_dump(), rows=rows[name]) for name in test.arms},
+        next_since_round=until if recorded > until else None,
     )
 
 

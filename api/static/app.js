@@ -204,6 +204,27 @@
     return Math.min(...arms.map((arm) => Math.max(0, ...(arm.rows || []).map((row) => row.round))));
   }
 
+  /** `fresh` (a later answer) with each arm's rows after `held`'s rows up to round `upTo` (all of them: Infinity). */
+  function withRows(held, fresh, upTo) {
+    const arms = {};
+    for (const [name, arm] of Object.entries(fresh.arms || {})) {
+      const before = (((held.arms || {})[name] || {}).rows || []).filter((row) => row.round <= upTo);
+      arms[name] = { ...arm, rows: [...before, ...(arm.rows || [])] };
+    }
+    return { ...fresh, arms };
+  }
+
+  /** GET /api/v1/ab/{id} from the round after `since` (every row: null), page after page: an answer holds the
+   * rows of a bounded number of rounds and names the `next_since_round` of the rest. */
+  async function getDetail(url, since) {
+    let detail = await getJSON(since === null ? url : `${url}?since_round=${since}`);
+    while (detail.next_since_round != null && detail.next_since_round > (since ?? 0)) {
+      since = detail.next_since_round;
+      detail = withRows(detail, await getJSON(`${url}?since_round=${since}`), Infinity);
+    }
+    return detail;
+  }
+
   /** The selected test's detail: every row the first time, then (while it runs, and once when it ends) only the
    * rows after the last round every arm holds, added to those the page has; an ended test's rows do not change. */
   async function pollDetail(summary) {
@@ -211,17 +232,11 @@
     if (cached && cached.status !== "running" && cached.status === summary.status) return;
     const url = `/api/v1/ab/${encodeURIComponent(summary.id)}`;
     if (!cached) {
-      state.details[summary.id] = await getJSON(url);
+      state.details[summary.id] = await getDetail(url, null);
       return;
     }
     const since = roundsHeld(cached);
-    const fresh = await getJSON(`${url}?since_round=${since}`);
-    const arms = {};
-    for (const [name, arm] of Object.entries(fresh.arms || {})) {
-      const held = ((cached.arms || {})[name] || {}).rows || [];
-      arms[name] = { ...arm, rows: [...held.filter((row) => row.round <= since), ...(arm.rows || [])] };
-    }
-    state.details[summary.id] = { ...fresh, arms };
+    state.details[summary.id] = withRows(cached, await getDetail(url, since), since);
   }
 
   let timer = null;

@@ -121,6 +121,30 @@ def test_page_shows_the_ab_chart_and_its_collapse_alert(server, tmp_path, requir
         assert len(dom.by_id("verdicts").find("tr", "verdict")) == len(dom.by_id("ab-verdicts").find("tr", "verdict"))
 
 
+def test_page_draws_every_round_of_a_detail_served_in_pages(server, tmp_path, require_real):
+    """300 rounds of one arm come in two answers (256 rows a page, then `next_since_round`): the page follows the
+    cursor and draws a point of its hit-ratio line per round."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    require_real(chromium is not None, "headless Chromium is not installed (Debian: apt-get install chromium)")
+    scenario = {
+        "name": "three_hundred_rounds",
+        "workload": {"kind": "multi_round", "sessions": 1, "rounds": 300, "first_prompt_tokens": 32,
+                     "output_tokens": 16},
+        "kv": {"block_tokens": 16, "bytes_per_token": 1024},
+        "arms": {"lru": {"tiers": [{"name": "dram", "capacity": "64KiB"}]}},
+    }  # fmt: skip
+    with httpx.Client(base_url=server, timeout=10) as client:
+        started = client.post("/api/v1/ab", json={"scenario": scenario}, headers=AUTH)
+        assert started.status_code == 201, started.text
+        ab = started.json()["id"]
+        wait_for(lambda: finished_ab(client, ab), f"{ab} to finish", 60)
+        assert client.get(f"/api/v1/ab/{ab}").json()["next_since_round"] == 256
+
+    dom = parse(chrome(chromium, tmp_path / "profile", "--dump-dom", f"{server}/#ab={ab}"))
+    (line,) = dom.by_id("ab-chart").find("svg")[0].find("polyline", "hit-line")
+    assert len(line.attrs["points"].split()) == 300, "a point per round, the second page's too"
+
+
 def has_verdict_list(server: str) -> bool:
     return httpx.get(f"{server}/api/v1/verdicts").status_code == 200
 
