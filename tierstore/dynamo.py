@@ -51,7 +51,7 @@ def dynamo_missing() -> str | None:
     """Why a real Dynamo stack cannot run here, or None."""
     python = dynamo_python()
     if not python.exists():
-        return f"no Dynamo virtualenv at {python.parent.parent} (make dynamo-env, or set KVSCOPE_DYNAMO_PYTHON)"
+        return f"no Dynamo interpreter at {python} (make dynamo-env, or set KVSCOPE_DYNAMO_PYTHON)"
     probe = subprocess.run(
         [str(python), "-c", "import dynamo.frontend, dynamo.mocker, tokenizers, transformers"],
         capture_output=True,
