@@ -253,3 +253,46 @@ def test_the_served_families_are_what_opentelemetry_s_exporter_makes_of_them(met
         bridge.shutdown()
     assert {"kv_engine_cache_usage", "kv_router_prefix_tokens", "kv_router_events", "kv_model_blocks"} <= set(ours)
     assert ours == theirs
+
+
+# What Dynamo's real vLLM worker serves beyond the mocker, as its names and labels are written in Dynamo 1.6.1's
+# sources (dynamo.common.utils.prometheus.LLMBackendMetrics: model, dynamo_component, dp_rank) and vLLM's: hand-made
+# from those names (a real vLLM worker needs a GPU), not captured. Both usage gauges, as such a worker serves them.
+REAL_VLLM_WORKER_SYNTHETIC = """\
+# TYPE dynamo_component_uptime_seconds gauge
+dynamo_component_uptime_seconds{worker_id="ff"} 10
+# TYPE dynamo_component_total_blocks gauge
+dynamo_component_total_blocks{dp_rank="0",dynamo_component="backend",model="m"} 1000
+dynamo_component_total_blocks{dp_rank="1",dynamo_component="backend",model="m"} 1000
+# TYPE dynamo_component_gpu_cache_usage_percent gauge
+dynamo_component_gpu_cache_usage_percent{dp_rank="0",dynamo_component="backend",model="m"} 0.25
+dynamo_component_gpu_cache_usage_percent{dp_rank="1",dynamo_component="backend",model="m"} 0.5
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.5
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 4096
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 1024
+"""
+
+
+def test_a_real_vllm_worker_s_gauges_map_per_rank_and_its_usage_once(metrics_server):
+    """Not seen live: Dynamo's per-rank KV blocks, vLLM's prefix-cache counters, and the usage read once (vLLM's
+    own gauge first) though the worker serves it under both names."""
+    text = REAL_VLLM_WORKER_SYNTHETIC
+    _, normalized, _ = scrape(metrics_server.serve("/metrics", text))
+    worker = str(0xFF)
+    assert {(s.name, tuple(sorted(s.label_map.items())), s.value) for s in normalized} == {
+        ("kv.engine.blocks", (("engine", "0"), ("worker_id", worker)), 1000.0),
+        ("kv.engine.blocks", (("engine", "1"), ("worker_id", worker)), 1000.0),
+        ("kv.engine.cache.usage", (("engine", "0"), ("worker_id", worker)), 0.25),
+        ("kv.engine.cache.usage", (("engine", "1"), ("worker_id", worker)), 0.5),
+        ("kv.prefix.query.tokens", (("engine", "0"), ("layer", "gpu"), ("worker_id", worker)), 4096.0),
+        ("kv.prefix.hit.tokens", (("engine", "0"), ("layer", "gpu"), ("worker_id", worker)), 1024.0),
+    }
+    # without vLLM's gauge, Dynamo's is read, its dp_rank as the engine
+    only_dynamo = "\n".join(line for line in text.splitlines() if "kv_cache_usage_perc" not in line) + "\n"
+    _, normalized, _ = scrape(metrics_server.serve("/dynamo-only", only_dynamo))
+    usage = {s.label_map["engine"]: s.value for s in normalized if s.name == "kv.engine.cache.usage"}
+    assert usage == {"0": 0.25, "1": 0.5}

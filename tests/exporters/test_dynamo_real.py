@@ -18,8 +18,9 @@ import httpx
 import pytest
 import yaml
 
+from kvscope.exporters.normalizer import mapping_for
 from kvscope.tierstore import scenario as spec
-from kvscope.tierstore.dynamo import Conversations, DynamoStack, MockerSettings, dynamo_missing
+from kvscope.tierstore.dynamo import Conversations, DynamoStack, MockerSettings, dynamo_missing, dynamo_python
 
 WORKLOAD = {"kind": "multi_round", "sessions": 8, "rounds": 4, "first_prompt_tokens": 96, "user_tokens": 32}
 ROUTED = MockerSettings(gpu_blocks=256, block_tokens=16, speedup=1000)
@@ -172,3 +173,36 @@ def test_the_stack_listens_on_loopback_only(stack_factory):
     listeners = [listener for process in stack.processes for listener in process.listening()]
     assert len(listeners) >= 3 and all(listener.loopback_only for listener in listeners), listeners
     assert stack.relay.xsub.startswith("tcp://127.0.0.1:") and stack.relay.xpub.startswith("tcp://127.0.0.1:")
+
+
+# Every string constant of the installed Dynamo's metric names (dynamo.prometheus_names, generated from its Rust
+# sources): prefixes (dynamo_frontend, dynamo_component) and names.
+NAME_CONSTANTS = """
+import inspect, json
+from dynamo import prometheus_names
+found = set()
+def walk(holder):
+    for value in vars(holder).values():
+        if isinstance(value, str):
+            found.add(value)
+        elif inspect.isclass(value):
+            walk(value)
+walk(prometheus_names)
+print(json.dumps(sorted(found)))
+"""
+
+
+def test_every_dynamo_name_the_mapping_reads_is_one_of_dynamo_s_own(require_real):
+    """The mapping's dynamo_* names, the ones not seen live (a real vLLM worker's gauges) included, are a prefix and
+    a name of the installed Dynamo's constants (a histogram's _sum or _bucket after it)."""
+    missing = dynamo_missing()
+    require_real(missing is None, missing or "")
+    listed = subprocess.run([str(dynamo_python()), "-c", NAME_CONSTANTS], capture_output=True, text=True, timeout=120,
+                            check=True)  # fmt: skip
+    constants = set(json.loads(listed.stdout))
+    prefixes = {value for value in constants if value.startswith("dynamo_") and "_" in value}
+    read = {name for rule in mapping_for("dynamo").rules for name in rule.match if name.startswith("dynamo_")}
+    assert "dynamo_component_gpu_cache_usage_percent" in read and "dynamo_component_total_blocks" in read
+    for name in read:
+        base = name.removesuffix("_sum").removesuffix("_bucket")
+        assert any(base.startswith(f"{prefix}_") and base[len(prefix) + 1 :] in constants for prefix in prefixes), name
