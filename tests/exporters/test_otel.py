@@ -119,6 +119,18 @@ def test_the_endpoint_serves_what_opentelemetry_s_prometheus_exporter_would(metr
         bridge.shutdown()
 
 
+def test_the_endpoint_compresses_when_asked_and_serves_nothing_else(bridge_factory):
+    bridge = bridge_factory()
+    url = f"http://127.0.0.1:{bridge.serve()}"
+    plain = httpx.get(f"{url}/metrics", headers={"Accept-Encoding": "identity"})
+    assert "content-encoding" not in plain.headers and int(plain.headers["content-length"]) == len(plain.content)
+    compressed = httpx.get(f"{url}/metrics", headers={"Accept-Encoding": "gzip"})
+    assert compressed.headers["content-encoding"] == "gzip"
+    assert int(compressed.headers["content-length"]) < len(plain.content) / 4
+    assert compressed.text.split("# HELP python_")[0] == plain.text.split("# HELP python_")[0]  # the model, unchanged
+    assert httpx.get(f"{url}/debug").status_code == 404
+
+
 def test_promtool_finds_nothing_to_complain_about(bridge_factory, check_metrics):
     port = bridge_factory().serve()
     check_metrics(exposition(port))
