@@ -156,13 +156,15 @@ def _seconds(value: float) -> str:
 
 def plot(points: list[Point], varies: list[Vary], path: Path, title: str) -> None:
     """TTFT p50 (solid) and p90 (dashed) against the first varied key, a line per value of the others and arm;
-    beside it, each setting's TTFT split into its parts (stacked, p50 x shares)."""
+    beside it, each setting's TTFT split into its parts (a stacked bar per setting and arm, p50 x shares)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, (lines_axis, parts_axis) = plt.subplots(1, 2, figsize=(13, 5.5))
+    # one bar per setting and arm, a line of text each: the figure grows with them, so labels never overlap
+    height = max(5.5, 0.3 * len(points) + 1.5)
+    figure, (lines_axis, parts_axis) = plt.subplots(1, 2, figsize=(14, height), width_ratios=(3, 2))
     first = varies[0]
     series: dict[tuple, list[Point]] = {}
     for point in points:
@@ -179,16 +181,17 @@ def plot(points: list[Point], varies: list[Vary], path: Path, title: str) -> Non
     lines_axis.set_yscale("log")
     lines_axis.grid(alpha=0.3)
     lines_axis.legend(fontsize=7)
-    labels = ["\n".join(str(value) for value in point.setting) + f"\n{point.arm}" for point in points]
-    bottom = [0.0] * len(points)
+    labels = [", ".join([*(str(value) for value in point.setting), point.arm]) for point in points]
+    left = [0.0] * len(points)
     for part in TTFT_PARTS:
-        heights = [point.share[part] for point in points]
-        parts_axis.bar(range(len(points)), heights, bottom=bottom, label=part)
-        bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
-    parts_axis.set_xticks(range(len(points)), labels, fontsize=7)
-    parts_axis.set_ylabel("share of TTFT")
-    parts_axis.set_ylim(0, 1)
-    parts_axis.legend(fontsize=8)
+        widths = [point.share[part] for point in points]
+        parts_axis.barh(range(len(points)), widths, left=left, label=part)
+        left = [a + w for a, w in zip(left, widths, strict=True)]
+    parts_axis.set_yticks(range(len(points)), labels, fontsize=8)
+    parts_axis.invert_yaxis()  # the first setting on top, as in the table
+    parts_axis.set_xlabel("share of TTFT (at p50)")
+    parts_axis.set_xlim(0, 1)
+    parts_axis.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=len(TTFT_PARTS))
     figure.suptitle(title)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
