@@ -56,7 +56,16 @@ INSTRUMENTS: dict[str, Instrument] = {
             "{token}",
             ("engine", "source"),
             "prompt tokens by where their KV came from: computed (prefilled), gpu (the engine's own prefix cache), "
-            "external (loaded through a KV connector); the sources add up to the prompt tokens",
+            "host (the engine's host-memory tier), storage (a store tier behind it), external (loaded through a KV "
+            "connector), cached (a cache hit the engine does not attribute); the sources add up to "
+            "kv.engine.prompt.tokens",
+        ),
+        Instrument(
+            "kv.engine.prompt.tokens",
+            "counter",
+            "{token}",
+            ("engine",),
+            "prompt tokens the engine served, its own count: the total the sources of kv.prompt.tokens add up to",
         ),
         Instrument(
             "kv.prompt.cached.tokens",

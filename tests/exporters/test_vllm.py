@@ -72,7 +72,7 @@ def test_v0_33_default_has_no_offload_series(metrics_server):
     _, normalized = scrape(metrics_server.serve("/metrics", DEFAULT.read_bytes()))
     assert {s.name for s in normalized} == {
         "kv.prefix.query.tokens", "kv.prefix.hit.tokens", "kv.prompt.tokens", "kv.prompt.cached.tokens",
-        "kv.engine.preemptions", "kv.engine.ttft.requests", "kv.engine.prompt.requests",
+        "kv.engine.prompt.tokens", "kv.engine.preemptions", "kv.engine.ttft.requests", "kv.engine.prompt.requests",
     }  # fmt: skip
 
 
@@ -174,6 +174,7 @@ def test_real_vllm_0_32_captures_map_every_kv_family(metrics_server, capture):
         )
     prompt = _raw_value(raw, "vllm:prompt_tokens_total")
     assert sum(v for (name, _), v in got.items() if name == "kv.prompt.tokens") == prompt > 0
+    assert got[("kv.engine.prompt.tokens", engine)] == prompt
     assert model("kv.prefix.query.tokens", layer="gpu") == prompt
     assert model("kv.prompt.tokens", source="gpu") == model("kv.prefix.hit.tokens", layer="gpu")
     assert model("kv.prompt.cached.tokens", medium="gpu") == _raw_value(
