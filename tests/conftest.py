@@ -81,6 +81,7 @@ class Answer:
 class MetricsServer:
     def __init__(self) -> None:
         self.answers: dict[str, Answer] = {}
+        self.served: dict[str, int] = {}  # path -> GETs answered
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -92,6 +93,7 @@ class MetricsServer:
                 self.send_header("Content-Length", str(len(answer.body)))
                 self.end_headers()
                 self.wfile.write(answer.body)
+                server.served[self.path] = server.served.get(self.path, 0) + 1
 
             def log_message(self, *args) -> None:
                 pass

@@ -425,6 +425,96 @@ class Balance(_Criterion):
         }
 
 
+class SourcesSum(_Criterion):
+    """Token accounting: per group of one run (`group_by`, by default each engine), the increases of `metric`'s
+    series for each of `sources` (values of its `source_label`) add up to `total`'s increase: |sum - total| <=
+    tolerance x total (default 0: exactly), and the total moved. Series of a group and source are summed. A listed
+    source without series in the run, or in one group, is an input error naming it, never a pass."""
+
+    kind: Literal["sources_sum"]
+    summary_columns = ("group", "parts_sum", "total", "difference", "sources")
+    run: str
+    metric: MetricField = Metric(name="kv.prompt.tokens")
+    source_label: str = "source"
+    sources: list[str] = Field(min_length=1, description="the sources that must add up, or one comma-separated string")
+    total: MetricField = Metric(name="kv.engine.prompt.tokens")
+    group_by: str = "engine"
+    tolerance: float = Field(0.0, ge=0, description="the difference allowed, relative to the total")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _comma_separated_sources(cls, data: object) -> object:
+        """`sources: computed,gpu` (a criteria file's {param}) is the list [computed, gpu]."""
+        if isinstance(data, dict) and isinstance(data.get("sources"), str):
+            return {**data, "sources": [part.strip() for part in data["sources"].split(",") if part.strip()]}
+        return data
+
+    def roles(self) -> list[str]:
+        return [self.run]
+
+    def _source_metric(self, source: str) -> Metric:
+        return self.metric.model_copy(update={"where": {**self.metric.where, self.source_label: source}})
+
+    def reads(self) -> list[tuple[str, Metric, bool]]:
+        return [(self.run, self._source_metric(source), True) for source in self.sources] + [
+            (self.run, self.total, True)
+        ]
+
+    def check_groups(self, db: Database, runs: Mapping[str, Run]) -> None:
+        """Every group the total names has series of every listed source: a missing one is named."""
+        run = runs[self.run]
+        group = _label(self.group_by)
+        totals = {
+            row[0]
+            for row in run_sql(db.con, f"SELECT DISTINCT {group} FROM series WHERE {_series_filter(run, self.total)}")
+        }
+        present: dict[str, set[str]] = {}
+        source = _label(self.source_label)
+        for grp, name in run_sql(
+            db.con, f"SELECT DISTINCT {group}, {source} FROM series WHERE {_series_filter(run, self.metric)}"
+        ):
+            present.setdefault(grp, set()).add(name)
+        for grp in sorted(totals, key=str):
+            missing = [source for source in self.sources if source not in present.get(grp, set())]
+            if missing:
+                raise CriteriaError(
+                    f"criterion {self.name!r}: run {run.name!r}: {self.group_by} {grp!r} has no series "
+                    f"{self._source_metric(missing[0]).describe()}: its {self.source_label} {missing[0]!r} is "
+                    "missing, so its tokens cannot be accounted for"
+                )
+
+    def sql(self, runs: Mapping[str, Run]) -> str:
+        run, tol = runs[self.run], _number(self.tolerance)
+        sources = ", ".join(_text(source) for source in self.sources)
+        return f"""WITH
+m AS ({_per_series(run, self.metric)}),
+parts AS (
+    SELECT {_label(self.group_by)} AS grp, {_label(self.source_label)} AS source, sum(increase) AS increase,
+           sum(resets) AS resets
+    FROM m WHERE {_label(self.source_label)} IN ({sources}) GROUP BY 1, 2
+),
+t AS ({_per_series(run, self.total)}),
+totals AS (SELECT {_label(self.group_by)} AS grp, sum(increase) AS total, sum(resets) AS resets FROM t GROUP BY 1),
+joined AS (
+    SELECT totals.grp, totals.total, totals.resets + coalesce(sum(parts.resets), 0) AS resets,
+           sum(parts.increase) AS parts_sum,
+           string_agg(parts.source || '=' || CAST(parts.increase AS VARCHAR), ', ' ORDER BY parts.source) AS sources
+    FROM totals LEFT JOIN parts USING (grp) GROUP BY totals.grp, totals.total, totals.resets
+)
+SELECT {_text(run.name)} AS run, grp AS "group", sources, parts_sum, total, parts_sum - total AS difference,
+       {tol} AS tolerance, resets,
+       coalesce(total > 0 AND abs(parts_sum - total) <= {tol} * total, false) AS passed
+FROM joined ORDER BY grp"""
+
+    def threshold(self) -> dict:
+        return {
+            "sources": [self._source_metric(source).describe() for source in self.sources],
+            "total": self.total.describe(),
+            "per": self.group_by,
+            "relative_tolerance": self.tolerance,
+        }
+
+
 class CrossSource(_Criterion):
     """Two sources that must agree: the increases of `metric` and `other` in one run (summed over their series)
     differ by at most `tolerance` of `metric`'s, e.g. NoF tier bytes written against bytes sent on the NoF NICs."""
@@ -498,7 +588,7 @@ ORDER BY 4 NULLS LAST"""
 
 
 Criterion = Annotated[
-    Parity | ZeroDelta | PositiveDelta | RatioToBound | NoCollapse | Balance | CrossSource | CounterResets,
+    Parity | ZeroDelta | PositiveDelta | RatioToBound | NoCollapse | Balance | SourcesSum | CrossSource | CounterResets,
     Field(discriminator="kind"),
 ]
 
@@ -608,6 +698,8 @@ def evaluate(db: Database, criterion: _Criterion, runs: Mapping[str, Run]) -> Ou
         if isinstance(criterion, _CoveredDelta):
             _check_coverage(db, criterion, runs[role], found)
         series_ids += found
+    if isinstance(criterion, SourcesSum):
+        criterion.check_groups(db, runs)
     if isinstance(criterion, CounterResets) and criterion.metric is None:
         series_ids = [
             row[0]

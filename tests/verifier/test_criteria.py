@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from kvscope.verifier.criteria import CriteriaError, CriteriaFile, evaluate, load_criteria
@@ -409,3 +411,60 @@ def test_one_missed_scrape_and_a_counter_born_during_the_run_are_covered(recordi
     recording.add("a", "kv.tier.written.bytes", [5.0, 9.0, 12.0], start=1097.0, tier="nof")  # born at 97 s
     written = {"name": "w", "kind": "positive_delta", "metric": "kv.tier.written.bytes", "run": "a", "expect": ["nof"]}
     assert judge(recording, written, ("a",)).passed
+
+
+# ------------------------------------------------------------------------------------------------ sources_sum
+
+TOKENS_CONSERVED = {"name": "tokens", "kind": "sources_sum", "run": "a", "sources": ["computed", "gpu", "host"]}
+
+
+def two_engines(recording, host_on_engine_1: list[float] | None) -> None:
+    """Engine 0: 300 prompt tokens = 100 computed + 150 gpu + 50 host. Engine 1: 200 = 120 + 80 (+ its host)."""
+    recording.add("a", "kv.engine.prompt.tokens", [0, 300], engine="0")
+    recording.add("a", "kv.prompt.tokens", [0, 100], engine="0", source="computed")
+    recording.add("a", "kv.prompt.tokens", [0, 150], engine="0", source="gpu")
+    recording.add("a", "kv.prompt.tokens", [0, 50], engine="0", source="host")
+    recording.add("a", "kv.engine.prompt.tokens", [0, 200], engine="1")
+    recording.add("a", "kv.prompt.tokens", [0, 120], engine="1", source="computed")
+    recording.add("a", "kv.prompt.tokens", [0, 80], engine="1", source="gpu")
+    if host_on_engine_1 is not None:
+        recording.add("a", "kv.prompt.tokens", host_on_engine_1, engine="1", source="host")
+
+
+def test_sources_sum_per_engine_exactly_and_a_stray_token_fails_its_engine(recording):
+    two_engines(recording, [0, 0])
+    outcome = judge(recording, TOKENS_CONSERVED, ("a",))
+    assert [(r["group"], r["parts_sum"], r["total"], r["passed"]) for r in outcome.rows] == [
+        ("0", 300, 300, True),
+        ("1", 200, 200, True),
+    ]
+    assert outcome.rows[0]["sources"] == "computed=100.0, gpu=150.0, host=50.0" and outcome.passed
+    recording.add("b", "kv.engine.prompt.tokens", [0, 300], engine="0")
+    for source, tokens in (("computed", 101), ("gpu", 150), ("host", 50)):
+        recording.add("b", "kv.prompt.tokens", [0, tokens], engine="0", source=source)
+    outcome = judge(recording, {**TOKENS_CONSERVED, "run": "b"}, ("b",))
+    assert [(r["difference"], r["passed"]) for r in outcome.rows] == [(1, False)]
+    assert judge(recording, {**TOKENS_CONSERVED, "run": "b", "tolerance": 1 / 300}, ("b",)).passed
+
+
+def test_a_source_missing_for_one_engine_is_an_input_error_naming_the_engine_and_the_source(recording):
+    two_engines(recording, None)
+    with pytest.raises(CriteriaError, match=r"engine '1' has no series kv.prompt.tokens\{source=host\}"):
+        judge(recording, TOKENS_CONSERVED, ("a",))
+
+
+def test_an_engine_that_served_no_prompt_tokens_proves_nothing(recording):
+    recording.add("a", "kv.engine.prompt.tokens", [0, 0], engine="0")
+    for source in ("computed", "gpu", "host"):
+        recording.add("a", "kv.prompt.tokens", [0, 0], engine="0", source=source)
+    assert not judge(recording, TOKENS_CONSERVED, ("a",)).passed
+
+
+def test_the_shipped_tokens_criteria_are_exact_over_vllm_s_sources_and_take_others_as_a_list():
+    (tokens,) = load_criteria(Path(__file__).resolve().parents[2] / "criteria" / "tokens.yaml").criteria
+    assert (tokens.name, tokens.sources, tokens.tolerance) == ("tokens_conserved", ["computed", "gpu", "external"], 0)
+    bound = load_criteria(
+        Path(__file__).resolve().parents[2] / "criteria" / "tokens.yaml",
+        {"sources": "computed, gpu,host,storage", "tolerance": "0.01"},
+    ).criteria[0]
+    assert (bound.sources, bound.tolerance) == (["computed", "gpu", "host", "storage"], 0.01)
