@@ -59,7 +59,11 @@ RULES: dict[str, AlertRule] = {
             "(an A/B arm, each round: below 1 - the scenario's collapse_tolerance x the ideal, the planner's collapse, "
             "so it fires in the round KVCacheCollapsePredicted names; a round stands for `for_s`), and otherwise "
             "the engine's own peak (a cluster: below `fraction_of_peak` x the peak of the last `peak_window_s`, over "
-            "`rate_window_s`, writes at least `writes_floor` x those of the window before, held for `for_s`)",
+            "`rate_window_s`, writes at least `writes_floor` x those of the window before, held for `for_s`). Where "
+            "no engine exports prefix-cache counters, a KV router's prefix-hit ratio stands in (NVIDIA Dynamo's: the "
+            "cached prefix it expected on the workers it chose over the prompt tokens it routed, per router), with "
+            "the same numbers and the KV blocks its workers stored (the KV events it applied) in place of the bytes "
+            "written; a router one of whose workers exports engine prefix-cache counters is not judged",
             {
                 "fraction_of_peak": 0.5,
                 "peak_window_s": 3600.0,

@@ -204,10 +204,15 @@ def test_the_collapse_rules_use_the_numbers_of_the_alert_definitions():
     thresholds the service evaluates."""
     collapse, imminent = RULES[COLLAPSE].thresholds, RULES[IMMINENT].thresholds
     expr = " ".join(ALERTS[COLLAPSE]["expr"].split())
-    rate = _prometheus_duration(collapse["rate_window_s"])
-    assert f"< {collapse['fraction_of_peak']:g} * max_over_time(" in expr
-    assert f":rate{rate}[{_prometheus_duration(collapse['peak_window_s'])}])" in expr
-    assert f">= {collapse['writes_floor']:g} * ab_arm:kv_tier_written_bytes:rate{rate} offset {rate}" in expr
+    rate, peak = _prometheus_duration(collapse["rate_window_s"]), _prometheus_duration(collapse["peak_window_s"])
+    # Both branches, the engines' and a KV router's where no engine exports prefix-cache counters.
+    for ratio, writes in (
+        ("ab_arm_target_engine:kv_prefix_hit_ratio", "ab_arm:kv_tier_written_bytes"),
+        ("target_router_phase:kv_router_prefix_hit_ratio", "target_router:kv_router_stored_events"),
+    ):
+        fallen = f"{ratio}:rate{rate} < {collapse['fraction_of_peak']:g} * max_over_time({ratio}:rate{rate}[{peak}])"
+        assert fallen in expr
+        assert f"{writes}:rate{rate} >= {collapse['writes_floor']:g} * {writes}:rate{rate} offset {rate}" in expr
     assert ALERTS[COLLAPSE]["for"] == _prometheus_duration(collapse["for_s"])
     expr = " ".join(ALERTS[IMMINENT]["expr"].split())
     fit = _prometheus_duration(imminent["fit_window_s"])
