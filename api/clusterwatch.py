@@ -5,9 +5,10 @@ every successful scrape of a target, on its normalized samples:
 - KVCacheCollapseImminent (predictive), per store system and tier: a least-squares line through the tier's
   allocated bytes over the last `fit_window_s` reaches `watermark` x capacity within `horizon_s` (Prometheus'
   predict_linear) while growing.
-- KVCacheHitRateCollapse (live), per engine: the prefix-cache hit ratio over the last `rate_window_s` fell below
-  `fraction_of_peak` of its peak of the last `peak_window_s` while the cluster's bytes written over the window are
-  at least `writes_floor` of those of the window before: the evict-recompute-rewrite loop.
+- KVCacheHitRateCollapse (live), per engine of each target (every vLLM server calls its first engine "0", as the
+  Prometheus rules keep them apart by `target`): the prefix-cache hit ratio over the last `rate_window_s` fell
+  below `fraction_of_peak` of its peak of the last `peak_window_s` while the cluster's bytes written over the
+  window are at least `writes_floor` of those of the window before: the evict-recompute-rewrite loop.
 Each is pending from the first evaluation that sees it and firing once it has held for `for_s` (Prometheus' `for`);
 it resolves when it no longer holds. Ratios are of increases (counter resets count from zero, as increase() does),
 never of lifetime counters.
@@ -65,7 +66,7 @@ class ClusterWatch:
     _allocated: dict[tuple, deque] = field(default_factory=lambda: defaultdict(deque))
     _capacity: dict[tuple, float] = field(default_factory=dict)
     _counters: dict[tuple, _Counter] = field(default_factory=lambda: defaultdict(_Counter))
-    _ratios: dict[str, deque] = field(default_factory=lambda: defaultdict(deque))
+    _ratios: dict[tuple, deque] = field(default_factory=lambda: defaultdict(deque))
     _holding_since: dict[tuple, float] = field(default_factory=dict)  # alert key -> when its condition began
 
     def __call__(self, state: TargetState) -> None:
@@ -86,9 +87,9 @@ class ClusterWatch:
             elif sample.name in ("kv.prefix.hit.tokens", "kv.prefix.query.tokens"):
                 if sample.name == "kv.prefix.query.tokens" and labels.get("layer") != "gpu":
                     continue  # the external queries are the GPU misses: counting them too would double count
-                engine = labels.get("engine", state.config.name)
+                engine = (state.config.name, labels.get("engine", state.config.name))
                 engines.add(engine)
-                self._counters[(sample.name, engine, labels.get("layer"))].add(now, sample.value, self.window_s)
+                self._counters[(sample.name, *engine, labels.get("layer"))].add(now, sample.value, self.window_s)
             elif sample.name == "kv.tier.written.bytes":
                 self._counters[("written", state.config.name, labels.get("system"), labels.get("tier"))].add(
                     now, sample.value, 2 * self.window_s
@@ -147,14 +148,15 @@ class ClusterWatch:
                 total, seen = total + at_end - at_start, True
         return total if seen else None
 
-    def _engine_increase(self, name: str, engine: str, now: float) -> float | None:
-        """An engine's increase of `name` over the window, summed over layers; None until the window is covered."""
+    def _engine_increase(self, name: str, engine: tuple[str, str], now: float) -> float | None:
+        """An engine's (target, engine) increase of `name` over the window, summed over layers; None until the window
+        is covered."""
         since = now - self.window_s
         return _sum_or_none(
-            [c.increase(since) for (n, e, *_), c in self._counters.items() if n == name and e == engine]
+            [c.increase(since) for (n, *key), c in self._counters.items() if n == name and tuple(key[:2]) == engine]
         )
 
-    def _hit_rate(self, engine: str, now: float, writes_not_falling: bool) -> None:
+    def _hit_rate(self, engine: tuple[str, str], now: float, writes_not_falling: bool) -> None:
         hits, queries = (
             self._engine_increase("kv.prefix.hit.tokens", engine, now),
             self._engine_increase("kv.prefix.query.tokens", engine, now),
@@ -166,13 +168,13 @@ class ClusterWatch:
         _append(history, now, ratio, self.peak_s)
         peak = max(r for ts, r in history if ts >= now - self.peak_s)
         collapsed = peak > 0 and ratio < self.fraction * peak and writes_not_falling
-        labels = {"engine": engine}
+        labels = {"target": engine[0], "engine": engine[1]}
         self.book.set(
             COLLAPSE,
             labels,
             self._held(COLLAPSE, labels, collapsed, now),
-            f"engine {engine}: hit ratio {ratio:.3f} over {self.window_s:.0f} s < {self.fraction:g} x its "
-            f"trailing peak {peak:.3f} while bytes written are not falling",
+            f"engine {engine[1]} ({engine[0]}): hit ratio {ratio:.3f} over {self.window_s:.0f} s < "
+            f"{self.fraction:g} x its trailing peak {peak:.3f} while bytes written are not falling",
             value=ratio,
             description="evict, recompute, rewrite: the prefix cache is losing chain heads",
         )

@@ -11,8 +11,8 @@ from kvscope.samples import Sample, labels_of
 GB = 1e9
 
 
-def scrape(ts: float, *samples: tuple[str, float, dict], source: str = "mooncake") -> TargetState:
-    state = TargetState(TargetConfig(name=f"{source}-0", source=source), up=True, scraped_at=ts)
+def scrape(ts: float, *samples: tuple[str, float, dict], source: str = "mooncake", name: str = "") -> TargetState:
+    state = TargetState(TargetConfig(name=name or f"{source}-0", source=source), up=True, scraped_at=ts)
     kind = {"kv.tier.allocated.bytes": "gauge", "kv.tier.capacity.bytes": "gauge"}
     state.normalized = [
         Sample(source, name, labels_of(labels), value, kind.get(name, "counter"), True)
@@ -75,7 +75,35 @@ def test_a_hit_ratio_falling_while_writes_rise_goes_pending_then_firing_then_res
     assert watch_states[7] == ("firing",)  # held for for_s (a minute)
     assert watch_states[-1] == ("resolved",)
     (alert,) = [a for a in book.list() if a.name == COLLAPSE]
-    assert alert.labels == {"engine": "vllm-0"} and alert.fired_at is not None
+    assert alert.labels == {"target": "vllm-0", "engine": "vllm-0"} and alert.fired_at is not None
+
+
+def test_two_servers_engines_0_are_two_engines():
+    """Every vLLM server calls its first engine "0": each is judged on its own counters, named by its target, so a
+    healthy server neither hides the other's collapse nor reads its counters as resets."""
+    book = AlertBook()
+    watch = ClusterWatch(book, window_s=120, for_s=60)
+    gpu = {"engine": "0", "layer": "gpu"}
+    totals = {"vllm-a": [0.0, 0.0], "vllm-b": [0.0, 0.0]}
+    written = 0.0
+    for minute in range(14):
+        written += GB if minute < 6 else 3 * GB
+        watch(scrape(minute * 60.0, ("kv.tier.written.bytes", written, {"system": "mooncake", "tier": "dram"})))
+        for target, (steady, collapsed) in {"vllm-a": (800.0, 100.0), "vllm-b": (500.0, 500.0)}.items():
+            totals[target][0] += steady if minute < 6 else collapsed
+            totals[target][1] += 1000.0
+            hits, queries = totals[target]
+            watch(
+                scrape(
+                    minute * 60.0,
+                    ("kv.prefix.hit.tokens", hits, gpu),
+                    ("kv.prefix.query.tokens", queries, gpu),
+                    source="vllm",
+                    name=target,
+                )
+            )
+    (alert,) = [a for a in book.list() if a.name == COLLAPSE]
+    assert (alert.state, alert.labels, alert.value) == ("firing", {"target": "vllm-a", "engine": "0"}, 0.1)
 
 
 def test_a_restarted_engine_is_not_a_collapse():
