@@ -225,6 +225,41 @@ def whatif(
         console.print(f"wrote {plot}")
 
 
+@app.command()
+def mrc(
+    scenario: ScenarioPath,
+    json_out: JsonOut = None,
+    plot: Annotated[
+        Path | None, typer.Option("--plot", help="draw the curve with each arm's tier capacity marked, PNG")
+    ] = None,
+    points: Annotated[int, typer.Option("--points", min=2, help="capacities of the grid, log-spaced")] = 16,
+    check: Annotated[
+        bool, typer.Option("--check/--no-check", help="replay each arm's policy on the store at a few capacities")
+    ] = True,
+) -> None:
+    """The hit ratio of SCENARIO's workload against a tier's capacity, every capacity from one pass (exact for an
+    LRU), with each arm's first tier marked and its policy replayed on the store there."""
+    from kvscope.tierstore.mrc import miss_ratio_curve, summary_lines, table
+    from kvscope.tierstore.workloads import TraceError
+
+    spec = load_scenario(scenario)
+    try:
+        curve = miss_ratio_curve(spec, points, check)
+    except TraceError as error:
+        raise fail(error) from None
+    if json_out:
+        write_json(json_out, curve.as_json())
+    console.print(table(curve))
+    for line in summary_lines(curve):
+        console.print(line, highlight=False)
+    if plot:
+        from kvscope.tierstore.mrc import plot as draw
+
+        plot.parent.mkdir(parents=True, exist_ok=True)
+        draw(curve, plot)
+        console.print(f"wrote {plot}")
+
+
 class _ArmProgress:
     """The A/B's listener on the command line: a progress bar per arm, and the recorder when there is one."""
 

@@ -26,6 +26,7 @@ from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import chain, pairwise
+from pathlib import Path
 
 from kvscope.tierstore import scenario as spec
 from kvscope.tierstore.workloads import Request, make_workload
@@ -298,3 +299,96 @@ def miss_ratio_curve(scenario: spec.Scenario, points: int = 16, check: bool = Tr
             store_ratio = hits * scenario.block_tokens / prompt if prompt else 0.0
             checks.append(Check(policy, capacity, store_ratio, distances.hit_ratio(capacity)))
     return MissRatioCurve(scenario, distances, grid, arms, checks)
+
+
+def table(curve: MissRatioCurve):
+    """Hit ratio against capacity: the curve on its grid, each checked policy's store replay where it ran, the
+    arms' capacities named."""
+    from rich.table import Table
+
+    from kvscope.units import format_bytes
+
+    d, block_bytes = curve.distances, curve.block_bytes
+    policies = sorted({check.policy for check in curve.checks})
+    marks: dict[int, list[str]] = {}
+    for arm in curve.arms:
+        marks.setdefault(arm.capacity_blocks, []).append(f"{arm.arm} ({arm.tier})")
+    for share in SHARES:
+        marks.setdefault(d.capacity_for(share), []).append(f"{share:.0%} of ideal")
+    grid = sorted(set(curve.grid) | set(marks) | {check.capacity_blocks for check in curve.checks})
+    result = Table(title=f"{curve.scenario.name}: hit ratio against a tier's capacity (ideal {d.ideal_ratio:.3f})")
+    for column in ("capacity", "blocks", "lru curve", *(f"{policy}\nstore" for policy in policies), "marks"):
+        result.add_column(column, justify="left" if column == "marks" else "right")
+    for capacity in grid:
+        cells = [format_bytes(capacity * block_bytes), f"{capacity:,}", f"{d.hit_ratio(capacity):.3f}"]
+        for policy in policies:
+            check = curve.check(policy, capacity)
+            cells.append(f"{check.store_hit_ratio:.3f} ({_gap(check.gap)})" if check else "")
+        result.add_row(*cells, ", ".join(marks.get(capacity, [])))
+    return result
+
+
+def summary_lines(curve: MissRatioCurve) -> list[str]:
+    """What the curve says of each arm, and how far each policy's store replays were from it."""
+    from kvscope.units import format_bytes
+
+    d, block_bytes = curve.distances, curve.block_bytes
+    lines = [
+        f"one pass: {d.references:,} block references, {d.distinct_blocks:,} distinct blocks "
+        f"({format_bytes(d.distinct_blocks * block_bytes)}: an infinite tier's footprint)",
+        "the curve is exact for an LRU that refreshes every block a request names; store columns replay the "
+        "store at that capacity with the policy, (gap) = store - curve",
+    ]
+    for share in SHARES:
+        capacity = d.capacity_for(share)
+        lines.append(f"{share:.0%} of the ideal hits from {format_bytes(capacity * block_bytes)} ({capacity:,} blocks)")
+    for arm in curve.arms:
+        check = curve.check(arm.policy, arm.capacity_blocks)
+        store = f", the store with {arm.policy}: {check.store_hit_ratio:.3f}" if check else ""
+        lines.append(f"arm {arm.arm}: {arm.tier} of {format_bytes(arm.capacity_blocks * block_bytes)}, curve "
+                     f"{d.hit_ratio(arm.capacity_blocks):.3f}{store}")  # fmt: skip
+    for policy in sorted({check.policy for check in curve.checks}):
+        gaps = [check.gap for check in curve.checks if check.policy == policy]
+        lines.append(f"{policy}: store - curve from {_gap(min(gaps))} to {_gap(max(gaps))} at {len(gaps)} capacities")
+    return lines
+
+
+def _gap(gap: float) -> str:
+    """A gap to three places, or `=` when the store hit exactly the curve's tokens (a rounded 0 would not say)."""
+    return "=" if gap == 0 else f"{gap:+.3f}"
+
+
+def plot(curve: MissRatioCurve, path: Path) -> None:
+    """The curve (a step per capacity where it changes, log capacity), each policy's store replays as points, and a
+    vertical line at each arm's tier capacity."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    d, block_bytes = curve.distances, curve.block_bytes
+    top = max(d.distinct_blocks, max((arm.capacity_blocks for arm in curve.arms), default=1), 2)
+    capacities = capacity_grid(top, 400, curve.grid)
+    figure, axis = plt.subplots(figsize=(10, 5.5))
+    axis.step([c * block_bytes for c in capacities], [d.hit_ratio(c) for c in capacities], where="post",
+              label="lru (one pass, exact for textbook LRU)")  # fmt: skip
+    for policy in sorted({check.policy for check in curve.checks}):
+        checks = [check for check in curve.checks if check.policy == policy]
+        axis.plot([c.capacity_blocks * block_bytes for c in checks], [c.store_hit_ratio for c in checks], "o",
+                  label=f"store, {policy} (per-capacity run)")  # fmt: skip
+    axis.axhline(d.ideal_ratio, color="grey", linestyle=":", label=f"ideal {d.ideal_ratio:.3f}")
+    for number, arm in enumerate(curve.arms):
+        x = arm.capacity_blocks * block_bytes
+        axis.axvline(x, color=f"C{number + 3}", linestyle="--", alpha=0.7)
+        axis.annotate(f"{arm.arm}: {arm.tier}", (x, 0.02 + 0.06 * number), rotation=90, fontsize=8,
+                      xytext=(3, 0), textcoords="offset points")  # fmt: skip
+    axis.set_xscale("log")
+    axis.set_xlabel("tier capacity (bytes)")
+    axis.set_ylabel("hit ratio (hit tokens / prompt tokens)")
+    axis.set_ylim(0, 1)
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8, loc="upper left")
+    axis.set_title(f"{curve.scenario.name}: miss-ratio curve")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
