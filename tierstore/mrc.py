@@ -377,10 +377,12 @@ def plot(curve: MissRatioCurve, path: Path) -> None:
         axis.plot([c.capacity_blocks * block_bytes for c in checks], [c.store_hit_ratio for c in checks], "o",
                   label=f"store, {policy} (per-capacity run)")  # fmt: skip
     axis.axhline(d.ideal_ratio, color="grey", linestyle=":", label=f"ideal {d.ideal_ratio:.3f}")
-    for number, arm in enumerate(curve.arms):
-        x = arm.capacity_blocks * block_bytes
-        axis.axvline(x, color=f"C{number + 3}", linestyle="--", alpha=0.7)
-        axis.annotate(f"{arm.arm}: {arm.tier}", (x, 0.02 + 0.06 * number), rotation=90, fontsize=8,
+    by_capacity: dict[int, list[str]] = {}  # arms whose tiers have one capacity share a line and a label
+    for arm in curve.arms:
+        by_capacity.setdefault(arm.capacity_blocks, []).append(f"{arm.arm}: {arm.tier}")
+    for number, (capacity, names) in enumerate(sorted(by_capacity.items())):
+        axis.axvline(capacity * block_bytes, color=f"C{number + 3}", linestyle="--", alpha=0.7)
+        axis.annotate(", ".join(names), (capacity * block_bytes, 0.5), rotation=90, fontsize=8, va="center",
                       xytext=(3, 0), textcoords="offset points")  # fmt: skip
     axis.set_xscale("log")
     axis.set_xlabel("tier capacity (bytes)")
