@@ -9,6 +9,11 @@ every successful scrape of a target, on its normalized samples:
   Prometheus rules keep them apart by `target`): the prefix-cache hit ratio over the last `rate_window_s` fell
   below `fraction_of_peak` of its peak of the last `peak_window_s` while the cluster's bytes written over the
   window are at least `writes_floor` of those of the window before: the evict-recompute-rewrite loop.
+  Where no engine exports prefix-cache counters, per KV router (NVIDIA Dynamo's) and routing phase of each target:
+  its prefix-hit ratio (the cached prefix tokens it expected on the workers it chose over the prompt tokens it
+  routed) with the same numbers, the KV events its workers stored (as it applied them) in place of the bytes
+  written; not for a frontend one of whose workers (kv.engine.active.blocks' worker_id) exported engine
+  prefix-cache query counters under that worker_id within the window: the engines' own ratio is judged there.
 Each is pending from the first evaluation that sees it and firing once it has held for `for_s` (Prometheus' `for`);
 it resolves when it no longer holds. Ratios are of increases (counter resets count from zero, as increase() does),
 never of lifetime counters.
@@ -17,12 +22,14 @@ never of lifetime counters.
 from __future__ import annotations
 
 from collections import defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvscope.api.alerts import COLLAPSE, IMMINENT, RULES, AlertBook, State
 from kvscope.exporters.scrape import TargetState
 
 _COLLAPSE, _IMMINENT = RULES[COLLAPSE].thresholds, RULES[IMMINENT].thresholds
+_ROUTER_PROMPT, _ROUTER_PREFIX = "kv.router.prompt.tokens", "kv.router.prefix.tokens"
 
 
 def _append(points: deque[tuple[float, float]], ts: float, value: float, keep_s: float) -> None:
@@ -68,13 +75,15 @@ class ClusterWatch:
     _counters: dict[tuple, _Counter] = field(default_factory=lambda: defaultdict(_Counter))
     _ratios: dict[tuple, deque] = field(default_factory=lambda: defaultdict(deque))
     _holding_since: dict[tuple, float] = field(default_factory=dict)  # alert key -> when its condition began
+    _engine_workers: dict[str, float] = field(default_factory=dict)  # worker_id -> last seen with prefix counters
+    _router_workers: dict[str, set[str]] = field(default_factory=dict)  # a frontend's target -> the workers it names
 
     def __call__(self, state: TargetState) -> None:
         """The scrape loop's callback: fold in a successful scrape, then evaluate both rules."""
         if not state.up or state.config.source == "tierstore":
             return
-        now = state.scraped_at
-        engines, stores = set(), set()
+        now, target = state.scraped_at, state.config.name
+        engines, stores, routers, workers = set(), set(), set(), set()
         for sample in state.normalized:
             labels = dict(sample.labels)
             if sample.name in ("kv.tier.allocated.bytes", "kv.tier.capacity.bytes"):
@@ -85,20 +94,38 @@ class ClusterWatch:
                 else:
                     _append(self._allocated[key], now, sample.value, self.window_s)
             elif sample.name in ("kv.prefix.hit.tokens", "kv.prefix.query.tokens"):
+                if sample.name == "kv.prefix.query.tokens" and labels.get("worker_id"):
+                    self._engine_workers[labels["worker_id"]] = now  # a Dynamo worker with engine counters
                 if sample.name == "kv.prefix.query.tokens" and labels.get("layer") != "gpu":
                     continue  # the external queries are the GPU misses: counting them too would double count
                 engine = (state.config.name, labels.get("engine", state.config.name))
                 engines.add(engine)
                 self._counters[(sample.name, *engine, labels.get("layer"))].add(now, sample.value, self.window_s)
             elif sample.name == "kv.tier.written.bytes":
-                self._counters[("written", state.config.name, labels.get("system"), labels.get("tier"))].add(
+                self._counters[("written", target, labels.get("system"), labels.get("tier"))].add(
                     now, sample.value, 2 * self.window_s
                 )
+            elif sample.name in (_ROUTER_PROMPT, _ROUTER_PREFIX):
+                if sample.name == _ROUTER_PREFIX and labels.get("choice") != "selected":
+                    continue  # the best eligible worker's prefix: not where the request went
+                router = (target, labels.get("router", ""), labels.get("phase", ""))
+                routers.add(router)
+                self._counters[(sample.name, *router, labels.get("model"))].add(now, sample.value, self.window_s)
+            elif sample.name == "kv.router.events" and labels.get("event") == "stored":
+                self._counters[("stored", target, labels.get("router", ""), labels.get("status"))].add(
+                    now, sample.value, 2 * self.window_s
+                )
+            elif sample.name == "kv.engine.active.blocks" and labels.get("worker_id"):
+                workers.add(labels["worker_id"])  # a frontend's per-worker series: the workers it routes to
+        if routers or workers:
+            self._router_workers[target] = workers
         for key in stores:
             self._imminent(key, now)
-        writes_rising = self._writes_not_falling(now)
+        writes_rising = self._writes_not_falling(now, lambda key: key[0] == "written")
         for engine in engines:
             self._hit_rate(engine, now, writes_rising)
+        for router in routers:
+            self._router_hit_rate(router, now)
 
     def _imminent(self, key: tuple[str, str], now: float) -> None:
         capacity = self._capacity.get(key)
@@ -130,17 +157,19 @@ class ClusterWatch:
         since = self._holding_since.setdefault(key, now)  # scrape time: the clock the rules are evaluated on
         return "firing" if now - since >= self.for_s else "pending"
 
-    def _writes_not_falling(self, now: float) -> bool:
-        recent = self._written_increase(now - self.window_s, now)
-        before = self._written_increase(now - 2 * self.window_s, now - self.window_s)
+    def _writes_not_falling(self, now: float, writes: Callable[[tuple], bool]) -> bool:
+        """Whether the counters whose keys `writes` selects (the tiers' bytes written, a router's stored KV events)
+        grew over the window by at least `writes_floor` x their growth over the window before."""
+        recent = self._increase_between(writes, now - self.window_s, now)
+        before = self._increase_between(writes, now - 2 * self.window_s, now - self.window_s)
         if recent is None:
             return False
         return before is None or recent >= self.writes_floor * before
 
-    def _written_increase(self, start: float, end: float) -> float | None:
+    def _increase_between(self, writes: Callable[[tuple], bool], start: float, end: float) -> float | None:
         total, seen = 0.0, False
         for key, counter in self._counters.items():
-            if key[0] != "written":
+            if not writes(key):
                 continue
             at_end = next((t for ts, t in reversed(counter.points) if ts <= end), None)
             at_start = next((t for ts, t in reversed(counter.points) if ts <= start), None)
@@ -177,6 +206,39 @@ class ClusterWatch:
             f"{self.fraction:g} x its trailing peak {peak:.3f} while bytes written are not falling",
             value=ratio,
             description="evict, recompute, rewrite: the prefix cache is losing chain heads",
+        )
+
+    def _router_hit_rate(self, router: tuple[str, str, str], now: float) -> None:
+        """A router's (target, router, phase) collapse: its prefix-hit ratio below `fraction` x its trailing peak
+        while its workers' stored KV events are not falling, unless a worker it names has engine prefix counters."""
+        target, router_id, phase = router
+        since = now - self.window_s
+
+        def increase(name: str) -> float | None:
+            return _sum_or_none(
+                [c.increase(since) for (n, *key), c in self._counters.items() if n == name and tuple(key[:3]) == router]
+            )
+
+        expected, routed = increase(_ROUTER_PREFIX), increase(_ROUTER_PROMPT)
+        if expected is None or not routed:
+            return
+        ratio = expected / routed
+        history = self._ratios[("router", *router)]
+        _append(history, now, ratio, self.peak_s)
+        peak = max(r for ts, r in history if ts >= now - self.peak_s)
+        stored_not_falling = self._writes_not_falling(now, lambda key: key[:3] == ("stored", target, router_id))
+        engines_judged = any(self._engine_workers.get(w, -1.0) >= since for w in self._router_workers.get(target, ()))
+        collapsed = not engines_judged and peak > 0 and ratio < self.fraction * peak and stored_not_falling
+        labels = {"target": target, "router": router_id, "phase": phase}
+        self.book.set(
+            COLLAPSE,
+            labels,
+            self._held(COLLAPSE, labels, collapsed, now),
+            f"KV router {router_id} ({target}, {phase}): prefix-hit ratio {ratio:.3f} over {self.window_s:.0f} s < "
+            f"{self.fraction:g} x its trailing peak {peak:.3f} while its workers' stored KV events are not falling",
+            value=ratio,
+            description="evict, recompute, store again: the workers' KV caches are losing the prefixes the router "
+            "routes to them (no worker of this router exports prefix-cache counters)",
         )
 
 

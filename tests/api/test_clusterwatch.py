@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import pytest
+
 from kvscope.api.alerts import COLLAPSE, IMMINENT, RULES, AlertBook
 from kvscope.api.clusterwatch import ClusterWatch
 from kvscope.exporters.base import TargetConfig
@@ -13,7 +17,7 @@ GB = 1e9
 
 def scrape(ts: float, *samples: tuple[str, float, dict], source: str = "mooncake", name: str = "") -> TargetState:
     state = TargetState(TargetConfig(name=name or f"{source}-0", source=source), up=True, scraped_at=ts)
-    kind = {"kv.tier.allocated.bytes": "gauge", "kv.tier.capacity.bytes": "gauge"}
+    kind = {"kv.tier.allocated.bytes": "gauge", "kv.tier.capacity.bytes": "gauge", "kv.engine.active.blocks": "gauge"}
     state.normalized = [
         Sample(source, name, labels_of(labels), value, kind.get(name, "counter"), True)
         for name, value, labels in samples
@@ -118,6 +122,84 @@ def test_a_restarted_engine_is_not_a_collapse():
         for state in engine_scrape(minute * 60.0, 800.0 * n, 1000.0 * n, GB * (minute + 1)):
             watch(state)
     assert states(book, COLLAPSE) == []
+
+
+ROUTER, WORKER = "1883717788244607475", "16043297272919392144"
+
+
+def dynamo_scrapes(
+    minutes: int, collapse_at: int, stored_after: Callable[[int], float], worker_counters: bool
+) -> list[list[TargetState]]:
+    """A Dynamo frontend's scrapes, a minute apart: its router routes 7680 prompt tokens a minute and expects 0.7 of
+    them cached on the workers it chose until `collapse_at`, then 0.1 (the best eligible worker's prefix stays at
+    0.8: not where the requests went), its workers storing 100 KV events a minute, then `stored_after(n)` in the
+    n-th minute after; it names one worker, whose own scrape carries engine prefix-cache counters under that
+    worker's id if `worker_counters`."""
+    scrapes, routed, selected, best, stored = [], 0.0, 0.0, 0.0, 0.0
+    route = {"router": ROUTER, "model": "tiny", "phase": "aggregated"}
+    for minute in range(minutes):
+        after = minute >= collapse_at
+        routed, best = routed + 7680, best + 0.8 * 7680
+        selected += (0.1 if after else 0.7) * 7680
+        stored += stored_after(minute - collapse_at) if after else 100
+        frontend = scrape(
+            minute * 60.0,
+            ("kv.router.prompt.tokens", routed, route),
+            ("kv.router.prefix.tokens", selected, {**route, "choice": "selected"}),
+            ("kv.router.prefix.tokens", best, {**route, "choice": "best_eligible"}),
+            ("kv.router.events", stored, {"router": ROUTER, "event": "stored", "status": "ok"}),
+            ("kv.router.events", stored / 2, {"router": ROUTER, "event": "removed", "status": "ok"}),
+            ("kv.engine.active.blocks", 8.0, {"engine": "0", "worker_id": WORKER}),
+            source="dynamo",
+            name="dynamo-frontend",
+        )
+        engine = {"engine": "0", "layer": "gpu", "worker_id": WORKER}
+        counters = [("kv.prefix.hit.tokens", 0.7 * routed, engine), ("kv.prefix.query.tokens", routed, engine)]
+        usage = ("kv.engine.cache.usage", 0.5, {"engine": "0", "worker_id": WORKER})
+        worker = scrape(minute * 60.0, usage, *(counters if worker_counters else []), source="dynamo", name="w-0")
+        scrapes.append([frontend, worker])
+    return scrapes
+
+
+def test_a_routers_prefix_hit_ratio_collapses_where_no_engine_exports_prefix_counters():
+    """Mocker workers export no prefix-cache counters: the router's ratio falls from 0.7 to 0.1 while its workers
+    store four times as many KV events (recomputed prefixes stored again): pending, then firing after for_s, per
+    router and phase; resolved once its ratio is back."""
+    book = AlertBook()
+    watch = ClusterWatch(book, window_s=120, for_s=60)
+    seen = []
+    for scrapes in dynamo_scrapes(12, collapse_at=6, stored_after=lambda n: 400.0, worker_counters=False):
+        for state in scrapes:
+            watch(state)
+        seen.append(tuple(states(book, COLLAPSE)))
+    assert seen[:7] == [()] * 7  # the 2-minute ratio is 0.4 at minute 7, above half of 0.7
+    assert seen[7:] == [("pending",), ("firing",), ("firing",), ("firing",), ("firing",)]
+    (alert,) = book.list()
+    assert alert.labels == {"target": "dynamo-frontend", "router": ROUTER, "phase": "aggregated"}
+    assert alert.value == pytest.approx(0.1)
+
+
+def test_a_routers_collapse_is_left_to_the_engines_where_its_worker_exports_prefix_counters():
+    """The same router series, its worker exporting engine prefix-cache counters under the id the frontend names it
+    by (a Dynamo vLLM worker): the router is not judged, and the engine, which holds 0.7, raises nothing."""
+    book = AlertBook()
+    watch = ClusterWatch(book, window_s=120, for_s=60)
+    for scrapes in dynamo_scrapes(12, collapse_at=6, stored_after=lambda n: 400.0, worker_counters=True):
+        for state in scrapes:
+            watch(state)
+    assert book.list() == []
+
+
+def test_a_routers_ratio_falling_while_its_workers_store_less_is_not_a_collapse():
+    """The traffic drains: the workers store 0.6 x as many KV events each minute as the minute before."""
+    book = AlertBook()
+    watch = ClusterWatch(book, window_s=120, for_s=60)
+    for scrapes in dynamo_scrapes(
+        12, collapse_at=6, stored_after=lambda n: 100 * 0.6 ** (n + 1), worker_counters=False
+    ):
+        for state in scrapes:
+            watch(state)
+    assert book.list() == []
 
 
 def test_the_embedded_stores_are_left_to_the_ab_manager():
