@@ -23,6 +23,7 @@ from kvscope.tierstore import scenario as spec
 from kvscope.tierstore.backends import make_backend
 from kvscope.tierstore.engine import EngineEmulator, RequestClock, Served
 from kvscope.tierstore.live import ENGINES
+from kvscope.tierstore.misses import causes_between
 from kvscope.tierstore.mooncake_tier import MooncakeTier
 from kvscope.tierstore.planner import Plan, RoundPlan, plan
 from kvscope.tierstore.policies import MooncakePolicy, make_policy
@@ -94,7 +95,7 @@ def build_engine(
               tier.read_bandwidth) for index, tier in enumerate(store.tiers)]  # fmt: skip
     return EngineEmulator(store, scenario.block_tokens, scenario.block_bytes, scenario.engine.prefill_tokens_per_s, gpu,
                           saves_whole_chain=real is not None, clock=clock, ttft_model=model,
-                          tier_links=links)  # fmt: skip
+                          tier_links=links, explains_misses=isinstance(store, TieredStore | NoStore))  # fmt: skip
 
 
 def ttft_model(scenario: spec.Scenario) -> TtftModel | None:
@@ -188,6 +189,7 @@ class ArmRun:
             ENGINES.publish(published_as, self.engine)
         self._rounds = enumerate(make_workload(scenario).rounds())
         self._last = self._snapshot(self.store.counters())
+        self._last_misses = self.engine.misses.snapshot() if self.engine.misses else None
         self.rows: list[dict] = []
         self.seconds = {"start": time.monotonic() - started, "rounds": 0.0}  # wall time: store start-up, serving
 
@@ -209,6 +211,10 @@ class ArmRun:
         engine.counters.bound_hit_tokens += planned.ideal_hit_tokens
         after = self._snapshot(self.store.counters())
         row = _round_row(index + 1, tally, planned, self._last, after)
+        if self._last_misses is not None:
+            misses = self.engine.misses.snapshot()  # type: ignore[union-attr]  # set with _last_misses
+            row["miss_causes"] = causes_between(self._last_misses, misses)
+            self._last_misses = misses
         if self.scenario.engine.kind == "vllm":  # a mirror: its requests side by side with the real engine's
             row["request_hit_tokens"] = tally.request_hit_tokens
         if self._ranges:
@@ -228,7 +234,7 @@ class ArmRun:
             "store": self.store.report(),
             "wall_s": dict(self.seconds),
             "rounds": self.rows,
-            "totals": arm_totals(self.rows, self._last),
+            "totals": arm_totals(self.rows, self._last, self._last_misses),
             "prediction": self.plan.arm_json(self.name),
             "observed_collapse_round": observed_collapse_round(self.rows, self.scenario.prediction.collapse_tolerance),
         }
@@ -455,7 +461,8 @@ def ttft_share(parts: dict[str, float]) -> dict[str, float]:
     return {part: seconds / total if total else 0.0 for part, seconds in parts.items()}
 
 
-def arm_totals(rows: list[dict], counters: dict[str, dict[str, int]]) -> dict:
+def arm_totals(rows: list[dict], counters: dict[str, dict[str, int]], miss_causes: dict | None = None) -> dict:
+    """The arm's whole run: sums of its rows, the tiers' counters at the end and the miss causes so far."""
     query = sum(r["query_tokens"] for r in rows)
     hits = sum(r["hit_tokens"] for r in rows)
     requests = sum(r["requests"] for r in rows)
@@ -471,4 +478,4 @@ def arm_totals(rows: list[dict], counters: dict[str, dict[str, int]]) -> dict:
         "written_bytes": {tier: c["written_bytes"] for tier, c in counters.items()},
         "evictions": {tier: c["evictions"] for tier, c in counters.items()},
         "tiers": counters,
-    }
+    } | ({"miss_causes": miss_causes} if miss_causes is not None else {})

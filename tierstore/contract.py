@@ -17,6 +17,7 @@ Count = Annotated[int, Field(ge=0)]
 Ratio = Annotated[float, Field(ge=0, le=1)]
 Seconds = Annotated[float, Field(ge=0)]
 RoundNumber = Annotated[int, Field(ge=1)]
+MissCause = Literal["cold", "evicted", "chain_broken", "not_admitted", "elsewhere"]
 PerTier = Annotated[dict[str, Count], Field(min_length=1, description="by tier name")]
 
 
@@ -38,6 +39,21 @@ class TtftShare(_Open):
     load: Ratio = Field(description="loading the hits, the part compute did not hide")
     pd_transfer: Ratio = Field(0.0, description="PD-disaggregated: the prompt's KV sent from prefill to decode")
     overhead: Ratio = Field(0.0, description="the fixed time of every request")
+
+
+class MissCauses(_Open):
+    """Why the prompt tokens that were not hits missed, in tokens; the five causes add up to the misses (prompt
+    tokens less hit tokens). Embedded stores only: a real store's misses are not classified."""
+
+    cold: Count = Field(description="the block was never stored in any tier of the arm, or no cache serves the "
+                        "token (the prompt's incomplete last block, or its last token)")  # fmt: skip
+    evicted: Count = Field(description="stored, then evicted before this use: the sum of evicted_by_tier")
+    chain_broken: Count = Field(
+        description="still stored, but the prefix lookup stopped before it: an earlier block of its chain is gone"
+    )
+    not_admitted: Count = Field(description="a put of it was refused (no room, no retry) and nothing stored it since")
+    elsewhere: Count = Field(description="held by another engine's cache (one engine per arm: always 0)")
+    evicted_by_tier: dict[str, Count] = Field(description="evicted tokens by the tier that evicted the block last")
 
 
 class Round(_Open):
@@ -84,6 +100,7 @@ class Round(_Open):
     )
     ttft_s: TtftSummary | None = None
     ttft_share: TtftShare | None = None
+    miss_causes: MissCauses | None = None
 
 
 class Totals(_Open):
@@ -99,6 +116,7 @@ class Totals(_Open):
     written_bytes: PerTier
     evictions: PerTier
     tiers: dict[str, dict[str, Count]] | None = Field(None, description="each tier's counters at the end")
+    miss_causes: MissCauses | None = None
 
 
 class DepthPoint(BaseModel):
@@ -119,6 +137,10 @@ class Prediction(_Open):
     capacity_bytes: Count | None = None
     footprint_bytes_by_round: list[Count]
     ideal_hit_ratio_by_round: list[Ratio] = Field(default_factory=list)
+    dominant_miss_cause_by_round: list[MissCause | None] = Field(
+        default_factory=list,
+        description="the miss cause expected to dominate each round (null: none expected, or no prediction)",
+    )
     explanation: list[str] = Field(default_factory=list)
 
 

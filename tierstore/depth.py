@@ -68,6 +68,31 @@ class _Run:
         return first
 
 
+@dataclass(slots=True)
+class _LookedUp:
+    """Blocks the lookups found (`hit`), found held past the end of their hit run (`held_past_hit`), and found
+    refused by the chain's last put (`refused`), summed over requests."""
+
+    hit: float = 0.0
+    held_past_hit: float = 0.0
+    refused: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class FollowedRound:
+    """One round as the tier model follows it, in tokens: prompt tokens, the hits, the tokens held past the end of
+    a request's hit run (missed as `chain_broken`) and the tokens a put had refused (`not_admitted`)."""
+
+    query_tokens: int
+    hit_tokens: float
+    held_past_hit_tokens: float
+    refused_tokens: float
+
+    @property
+    def hit_ratio(self) -> float:
+        return self.hit_tokens / self.query_tokens
+
+
 class _TierModel:
     def __init__(
         self, policy: str, capacity: int, block_bytes: int, shared: int, mooncake: spec.MooncakeSettings
@@ -80,12 +105,15 @@ class _TierModel:
         self.flagged = False  # an allocation was refused: the eviction thread evicts even below the watermark
         self._requests = 0
         self._placed = count()
+        self.refused: dict[int, int] = {}  # each owner's blocks its last put had refused (Mooncake, no retry left)
+        self.looked_up = _LookedUp()  # what the lookups found, over the requests served so far
 
     def serve(self, session: int, prompt: int, hittable: int, stored: int) -> float:
         """One request of `session` (`prompt` blocks, `stored` with its output): its expected hit blocks."""
         if self.policy == "mooncake":
             return self._serve_leased(session, prompt, hittable, stored)
         hit = int(self._prefix(session, hittable))
+        self._note_lookup(session, hittable, hit)
         if self.policy in ("lru", "tail_first"):
             self._place(self._cut(session, 0, hit), "head")
         elif self.policy == "lmcache":
@@ -107,6 +135,7 @@ class _TierModel:
         self._requests += 1
         self._batch_evict()
         hit = self._prefix(session, hittable)
+        self._note_lookup(session, hittable, hit)
         fresh: list[_Run] = []
         for owner, lo, hi in self._parts(session, 0, prompt):
             whole = self._held_run(owner, lo, hi)
@@ -137,6 +166,8 @@ class _TierModel:
                 break
             self.flagged = True
             if self.mooncake.put_retry_budget <= 0 or not self._batch_evict():
+                for piece in pieces:
+                    self.refused[piece.owner] = self.refused.get(piece.owner, 0) + piece.held
                 break
         self._batch_evict()
 
@@ -175,6 +206,21 @@ class _TierModel:
         self.runs = [run for run in self.runs if run.held]
         self.used -= gone
         return gone
+
+    def _note_lookup(self, session: int, hittable: int, hit: float) -> None:
+        """Count what a lookup of the chain's first `hittable` blocks found: its `hit` run, the blocks held past it
+        (randomly ordered runs hold each of their blocks with the same probability) and those its last put had
+        refused (not stored since: the put of this request tries them again)."""
+        held = 0.0
+        for owner, lo, hi in self._parts(session, 0, hittable):
+            for run in self.runs:
+                overlap = min(run.hi, hi) - max(run.lo, lo)
+                if run.owner == owner and overlap > 0:
+                    held += overlap * (run.held / run.size if run.first == "any" and run.size else 1.0)
+        looked_up = self.looked_up
+        looked_up.hit += hit
+        looked_up.held_past_hit += max(0.0, held - hit)
+        looked_up.refused += self.refused.pop(session, 0)
 
     def _parts(self, session: int, lo: int, hi: int) -> list[Interval]:
         """The chain's blocks lo..hi-1 by owner: the shared prefix's, then the session's own."""
@@ -257,23 +303,28 @@ class _TierModel:
             self.runs.append(_Run(owner, lo, hi, first, (0.0, next(self._placed)), hi - lo, hi - lo, pinned))
 
 
-def hit_ratios(
+def follow_rounds(
     workload: MultiRoundWorkload,
     policy: str,
     capacity: int,
     block_bytes: int,
     rounds: int,
     mooncake: spec.MooncakeSettings,
-) -> list[float]:
-    """The predicted hit ratio of rounds 1..`rounds` on one tier of `capacity` bytes evicting by `policy`."""
+) -> list[FollowedRound]:
+    """Rounds 1..`rounds` on one tier of `capacity` bytes evicting by `policy`: what each one's lookups found."""
     w, block = workload.spec, workload.block_tokens
     tier = _TierModel(policy, capacity, block_bytes, w.shared_prefix_tokens // block, mooncake)
-    ratios: list[float] = []
+    followed: list[FollowedRound] = []
     for number, order in zip(range(1, rounds + 1), workload.session_orders(), strict=False):
         tokens = workload.prompt_tokens(number)
         prompt = tokens // block
         stored = (tokens + w.output_tokens) // block if w.output_cached else prompt
         hittable = min(prompt, (tokens - 1) // block)
-        hits = sum(tier.serve(session, prompt, hittable, stored) for session in order)
-        ratios.append(hits * block / (len(order) * tokens))
-    return ratios
+        tier.looked_up = _LookedUp()
+        for session in order:
+            tier.serve(session, prompt, hittable, stored)
+        found = tier.looked_up
+        followed.append(
+            FollowedRound(len(order) * tokens, found.hit * block, found.held_past_hit * block, found.refused * block)
+        )
+    return followed

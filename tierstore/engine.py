@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kvscope.tierstore.misses import MissLedger
 from kvscope.tierstore.store import KVStore
 from kvscope.tierstore.tier import Tier
 from kvscope.tierstore.ttft import TtftModel, TtftParts
@@ -104,6 +105,7 @@ class EngineEmulator:
         clock: RequestClock | None = None,
         ttft_model: TtftModel | None = None,
         tier_links: Sequence[tuple[str, float | None]] = (),
+        explains_misses: bool = True,
     ) -> None:
         self.store = store
         self.clock = clock  # for a store whose evictions go by time: when each request's lookup and saves happen
@@ -119,6 +121,10 @@ class EngineEmulator:
         # own read bandwidth (None: as fast as the link)
         self.ttft_model = ttft_model
         self.tier_links = list(tier_links)
+        # why each token missed, where every tier is in view (kvscope.tierstore.misses): not a real store's
+        self.misses = (
+            MissLedger([*([gpu_cache] if gpu_cache else []), *store.tiers], block_tokens) if explains_misses else None
+        )
 
     def serve(self, request: Request) -> Served:
         keys, store = request.keys, self.store
@@ -130,6 +136,8 @@ class EngineEmulator:
             store.at(times.start)
         hit = store.read_prefix(keys, gpu_blocks, hittable)
         hit_blocks = gpu_blocks + hit.blocks
+        if self.misses is not None:  # before this request's puts store what it missed
+            self.misses.classify(keys, hit_blocks, hittable, request.prompt_tokens)
         if times:
             store.at(times.saved)
         put_bytes = store.put(keys if self.saves_whole_chain else keys[hit_blocks:], self.block_bytes)

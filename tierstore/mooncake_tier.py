@@ -15,8 +15,10 @@ offload heartbeat wrote it), and soft pins, replicas and several segments do not
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import repeat
 
 from kvscope.tierstore.backends import Backend
+from kvscope.tierstore.misses import NOT_ADMITTED
 from kvscope.tierstore.policies import Key, MooncakePolicy
 from kvscope.tierstore.tier import Evicted, PayloadSource, Tier
 
@@ -82,6 +84,8 @@ class MooncakeTier(Tier):
                 break
             refused = self._allocate(refused, nbytes, payload, is_put)
         self.refused += len(refused)
+        if refused and self.fates is not None:  # a later miss on one of them was never admitted
+            self.fates.update(zip(refused, repeat(NOT_ADMITTED)))
         return evicted + self._evict(keep_evicted)
 
     def _allocate(self, keys: Sequence[Key], nbytes: int, payload: PayloadSource | None, is_put: bool) -> list[Key]:

@@ -13,10 +13,15 @@ Everything here is arithmetic on the scenario, done before (and without) a simul
 - a miss recomputes the prompt and rewrites the missing blocks, which evicts more chains: the collapse feeds
   itself and the hit ratio falls to zero within a few rounds. The collapse round is the first that loses hits;
 - how deep it falls, the hit ratio of the collapse round and of the round after, follows from the order the tier's
-  policy keeps its blocks in, followed over runs of blocks (kvscope.tierstore.depth).
+  policy keeps its blocks in, followed over runs of blocks (kvscope.tierstore.depth);
+- the miss cause expected to dominate each round (kvscope.tierstore.misses): `cold` for what an infinite cache
+  misses too (the tokens no earlier request stored), and from the collapse on, of the hits lost, the blocks the
+  followed tier still held past a request's hit run (`chain_broken`), those a put had refused (`not_admitted`) and
+  the rest (`evicted`).
 
 For a trace the ideal hit ratio and the footprint come from one pass over its hash_ids with an infinite cache;
-whether an overflow collapses depends on reuse distances, so only the overflow round is predicted.
+whether an overflow collapses depends on reuse distances, so only the overflow round is predicted, and a miss cause
+only for the rounds before it (an infinite cache's: `cold`, or `chain_broken` behind a block no request had).
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvscope.tierstore import scenario as spec
-from kvscope.tierstore.depth import hit_ratios
+from kvscope.tierstore.depth import FollowedRound, follow_rounds
+from kvscope.tierstore.misses import CAUSES, dominant_cause
 from kvscope.tierstore.workloads import MultiRoundWorkload, TraceWorkload, make_workload
 from kvscope.units import format_bytes
 
@@ -36,6 +42,7 @@ class RoundPlan:
     query_tokens: int
     ideal_hit_tokens: int
     footprint_bytes: int  # working set an infinite cache holds at the end of the round
+    ideal_chain_broken_tokens: int = 0  # an infinite cache's misses on blocks it holds, behind one it lacks
 
     @property
     def ideal_hit_ratio(self) -> float:
@@ -51,6 +58,9 @@ class ArmPrediction:
     explanation: list[str] = field(default_factory=list)
     # (round, predicted hit ratio) of the collapse round and the round after, when there is one
     collapse_depth: list[tuple[int, float]] = field(default_factory=list)
+    # per round, the miss cause expected to dominate (kvscope.tierstore.misses.CAUSES); None: no misses expected,
+    # or no prediction (a trace past its overflow)
+    dominant_miss_causes: list[str | None] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -72,6 +82,7 @@ class Plan:
             "capacity_bytes": prediction.capacity_bytes,
             "footprint_bytes_by_round": [r.footprint_bytes for r in self.rounds],
             "ideal_hit_ratio_by_round": [r.ideal_hit_ratio for r in self.rounds],
+            "dominant_miss_cause_by_round": prediction.dominant_miss_causes,
             "explanation": self.explanation + prediction.explanation,
         }
 
@@ -126,16 +137,17 @@ def _trace(workload: TraceWorkload, block_bytes: int) -> list[RoundPlan]:
     rounds: list[RoundPlan] = []
     block = workload.block_tokens
     for number, requests in enumerate(workload.rounds(), start=1):
-        query = hits = 0
+        query = hits = broken = 0
         for request in requests:
             hittable = min(len(request.keys), (request.prompt_tokens - 1) // block)
             run = 0
             while run < hittable and request.keys[run] in seen:
                 run += 1
             hits += run * block
+            broken += sum(key in seen for key in request.keys[run:hittable]) * block
             query += request.prompt_tokens
             seen.update(request.keys)
-        rounds.append(RoundPlan(number, len(requests), query, hits, len(seen) * block_bytes))
+        rounds.append(RoundPlan(number, len(requests), query, hits, len(seen) * block_bytes, broken))
     return rounds
 
 
@@ -167,24 +179,73 @@ def _predict_arm(
         policy, evicts = "lru", "Mooncake (oldest lease first, as lru)"
     overflow = next((r.round for r in result.rounds if r.footprint_bytes > capacity), None)
     explanation = [f"capacity {format_bytes(capacity)} ({how}); evictions by {evicts}"]
+    ideal_causes = [_dominant_ideal_cause(r) for r in result.rounds]
     if overflow is None:
         explanation.append("the working set never exceeds it: every round can reach its ideal, no collapse")
-        return ArmPrediction(capacity, policy, None, None, explanation)
+        return ArmPrediction(capacity, policy, None, None, explanation, dominant_miss_causes=ideal_causes)
     footprint = result.rounds[overflow - 1].footprint_bytes
     explanation.append(f"round {overflow} is the first whose working set ({format_bytes(footprint)}) exceeds it")
     if not isinstance(workload, MultiRoundWorkload):
         explanation.append("for a trace, whether the overflow collapses depends on reuse: run the A/B to see")
-        return ArmPrediction(capacity, policy, overflow, None, explanation)
+        causes = ideal_causes[: overflow - 1] + [None] * (len(result.rounds) - overflow + 1)
+        return ArmPrediction(capacity, policy, overflow, None, explanation, dominant_miss_causes=causes)
     collapse, reason = _collapse_round(workload, result, capacity, policy, overflow)
     explanation.append(reason)
     if len(arm.tiers) > 1:
         explanation.append("several tiers are modelled as one of that capacity: the collapse round is approximate")
     if workload.spec.order != "round_robin":
         explanation.append("the model assumes round-robin order: with shuffled order treat it as approximate")
-    depth = _collapse_depth(scenario, workload, arm, holding, capacity, collapse)
-    if depth:
-        explanation.append(depth[1])
-    return ArmPrediction(capacity, policy, overflow, collapse, explanation, depth[0] if depth else [])
+    if collapse is None:
+        return ArmPrediction(capacity, policy, overflow, None, explanation, dominant_miss_causes=ideal_causes)
+    segment = _is_segment(arm, holding)
+    followed = follow_rounds(workload, "mooncake" if segment else holding.policy,
+                             holding.capacity if segment else capacity, scenario.block_bytes, workload.round_count,
+                             arm.mooncake_settings)  # fmt: skip
+    depth = _collapse_depth(followed, "mooncake" if segment else holding.policy, collapse)
+    explanation.append(depth[1])
+    causes = ideal_causes[: collapse - 1] + [
+        _dominant_cause_followed(planned, round_) for planned, round_ in zip(result.rounds[collapse - 1 :],
+                                                                            followed[collapse - 1 :], strict=True)
+    ]  # fmt: skip
+    explanation.append(f"the miss cause expected to dominate from round {collapse}: {_cause_runs(causes, collapse)}")
+    return ArmPrediction(capacity, policy, overflow, collapse, explanation, depth[0], causes)
+
+
+def _dominant_ideal_cause(planned: RoundPlan) -> str | None:
+    """What an infinite cache's misses are: never stored (`cold`), or held behind a block never stored."""
+    broken = planned.ideal_chain_broken_tokens
+    return dominant_cause(
+        dict.fromkeys(CAUSES, 0) | {"cold": planned.query_tokens - planned.ideal_hit_tokens - broken,
+                                    "chain_broken": broken}
+    )  # fmt: skip
+
+
+def _dominant_cause_followed(planned: RoundPlan, followed: FollowedRound) -> str | None:
+    """The dominant cause of a round the tier model followed: the infinite cache's misses are `cold`; of the hits
+    lost, those held past a request's hit run are `chain_broken`, those a put refused `not_admitted`, the rest
+    `evicted`."""
+    lost = max(0.0, planned.ideal_hit_tokens - followed.hit_tokens)
+    broken = min(followed.held_past_hit_tokens, lost)
+    refused = min(followed.refused_tokens, lost - broken)
+    return dominant_cause(
+        dict.fromkeys(CAUSES, 0)
+        | {"cold": planned.query_tokens - planned.ideal_hit_tokens, "chain_broken": broken, "not_admitted": refused,
+           "evicted": lost - broken - refused}
+    )  # fmt: skip
+
+
+def _cause_runs(causes: list[str | None], first: int) -> str:
+    """Rounds from `first` on grouped by their expected cause: 'chain_broken in rounds 8-9, evicted in 10-20'."""
+    runs: list[tuple[str | None, int, int]] = []
+    for number, cause in enumerate(causes[first - 1 :], start=first):
+        if runs and runs[-1][0] == cause:
+            runs[-1] = (cause, runs[-1][1], number)
+        else:
+            runs.append((cause, number, number))
+    return ", ".join(
+        f"{cause or 'no misses'} in round{'s' if lo != hi else ''} {lo}{f'-{hi}' if lo != hi else ''}"
+        for cause, lo, hi in runs
+    )
 
 
 def _holds(arm: spec.ArmSpec, tier: spec.TierSpec) -> int:
@@ -199,22 +260,12 @@ def _is_segment(arm: spec.ArmSpec, tier: spec.TierSpec) -> bool:
     return (arm.store == "mooncake" and tier.name == "dram") or tier.policy == "mooncake"
 
 
-def _collapse_depth(
-    scenario: spec.Scenario,
-    workload: MultiRoundWorkload,
-    arm: spec.ArmSpec,
-    holding: spec.TierSpec,
-    capacity: int,
-    collapse: int | None,
-) -> tuple[list[tuple[int, float]], str] | None:
-    """The predicted hit ratio of the collapse round and the round after (if any), and why. A Mooncake segment is
-    modelled at its full size (its eviction thread keeps the watermark), any other holding tier at the capacity."""
-    if collapse is None:
-        return None
-    policy, size = ("mooncake", holding.capacity) if _is_segment(arm, holding) else (holding.policy, capacity)
-    last = min(collapse + 1, workload.round_count)
-    ratios = hit_ratios(workload, policy, size, scenario.block_bytes, last, arm.mooncake_settings)
-    depth = [(number, ratios[number - 1]) for number in range(collapse, last + 1)]
+def _collapse_depth(followed: list[FollowedRound], policy: str, collapse: int) -> tuple[list[tuple[int, float]], str]:
+    """The predicted hit ratio of the collapse round and the round after (if any), and why, from the rounds the
+    holding tier's model followed (a Mooncake segment at its full size: its eviction thread keeps the watermark,
+    any other holding tier at the capacity)."""
+    last = min(collapse + 1, len(followed))
+    depth = [(number, followed[number - 1].hit_ratio) for number in range(collapse, last + 1)]
     figures = " and ".join(f"{ratio:.3f} in round {number}" for number, ratio in depth)
     expected = " (expected over the random order of a batch's leases)" if policy == "mooncake" else ""
     return depth, f"{policy}'s eviction order, followed over runs of blocks, leaves hit ratio {figures}{expected}"

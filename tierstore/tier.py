@@ -75,6 +75,9 @@ class Tier:
         self._verifies = self.backend.holds_bytes
         # The size every block written here has had; 0 once two sizes were written (reads then sum the sizes).
         self._block_bytes: int | None = None
+        # Where the arm notes what became of each block it gave up (kvscope.tierstore.misses.MissLedger): this
+        # tier's name for a block it evicted; None when nobody asks (no bookkeeping at all)
+        self.fates: dict[Key, object] | None = None
 
     @property
     def capacity(self) -> int:
@@ -184,6 +187,7 @@ class Tier:
         evicted = [Evicted(key, nbytes, payload(key, nbytes) if keep_evicted and payload else None) for key in overrun]
         counters.evictions += len(overrun)
         counters.evicted_bytes += len(overrun) * nbytes
+        self._note_evicted(overrun)
         evicted.extend(self._make_room(len(keys) * nbytes, keep_evicted))
         self.policy.admit(keys, nbytes)
         counters.allocated_bytes += len(keys) * nbytes
@@ -237,7 +241,10 @@ class Tier:
             if block_bytes:  # blocks of one size: as many victims as the excess needs, popped by C loops
                 victims = min(-(-excess // block_bytes), len(index))
                 if not keep_evicted:  # counted, not kept: no object a victim
-                    deque(map(popitem, repeat(False, victims)), maxlen=0)
+                    if self.fates is None:
+                        deque(map(popitem, repeat(False, victims)), maxlen=0)
+                    else:
+                        self._note_evicted(list(map(itemgetter(0), map(popitem, repeat(False, victims)))))
                     self._count_evictions(victims, victims * block_bytes)
                     return []
                 return self._count_evicted([Evicted(*popitem(False)) for _ in repeat(None, victims)],
@@ -268,6 +275,7 @@ class Tier:
         backend = self.backend if self.backend.holds_bytes else None  # the accounting backend keeps nothing to drop
         if backend is None and not keep_evicted:  # counted, not kept: no object a victim
             victims = list(victims)
+            self._note_evicted(list(map(itemgetter(0), victims)))
             self._count_evictions(len(victims), sum(map(itemgetter(1), victims)))
             return []
         evicted: list[Evicted] = []
@@ -282,9 +290,16 @@ class Tier:
         return self._count_evicted(evicted, freed)
 
     def _count_evicted(self, evicted: list[Evicted], freed: int) -> list[Evicted]:
-        """Count blocks gone from the tier (`freed` bytes of them); returns them."""
+        """Count blocks gone from the tier (`freed` bytes of them), noting their fate; returns them."""
+        if self.fates is not None:
+            self._note_evicted([block.key for block in evicted])
         self._count_evictions(len(evicted), freed)
         return evicted
+
+    def _note_evicted(self, keys: Sequence[Key]) -> None:
+        """Note that this tier evicted `keys` last, so a later miss on one of them names this tier (a C loop)."""
+        if self.fates is not None and keys:
+            self.fates.update(zip(keys, repeat(self.name)))
 
     def _count_evictions(self, blocks: int, freed: int) -> None:
         counters = self.counters

@@ -1,0 +1,97 @@
+"""Why a prompt token missed: every token an arm's engine recomputed gets one cause, found when its request looked
+its block up (before the request's own puts change anything):
+
+- `cold`: its block was never stored in any tier of the arm; so are the prompt's tokens no cache can serve (its
+  incomplete last block, and its last block when the prompt ends on a block boundary: the engine always computes
+  the last token), which an infinite cache misses too;
+- `evicted`: stored, then evicted before this use; counted by the tier that evicted it last (with `demote`, the
+  tier it fell out of; with `replicate`, the last tier to drop its copy);
+- `chain_broken`: the block is still stored, but the lookup stopped before it because an earlier block of its chain
+  is gone: a prefix lookup (vLLM's, the connector's) stops at the first miss, so the blocks after it are recomputed
+  and rewritten even though the store holds them, the mechanism of the hit-rate collapse;
+- `not_admitted`: a put of it was refused and nothing stored it since (a Mooncake segment's allocation that found no
+  room, "no available handle", from a client that does not retry: vLLM's connector). The model of LMCache never
+  refuses a chunk (it evicts its oldest pinned one instead), so its misses are never `not_admitted`;
+- `elsewhere`: held by another engine's cache. Every scenario serves an arm with one engine, so it is always 0.
+
+Only the misses are looked at, from the first missing block of a request's chain on: a hit costs nothing more. The
+tiers note each block they evict or refuse in one dict (`fates`, the last thing that happened to it, one entry per
+block ever given up, set by C loops on the eviction paths); a block neither held nor noted was never stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from itertools import islice
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvscope.tierstore.tier import Tier
+
+Key = Hashable
+CAUSES = ("cold", "evicted", "chain_broken", "not_admitted", "elsewhere")
+
+
+class _NotAdmitted:
+    """The fate of a block a tier refused to store (a tier's name is the fate of one it evicted)."""
+
+    def __repr__(self) -> str:
+        return "NOT_ADMITTED"
+
+
+NOT_ADMITTED = _NotAdmitted()
+
+
+class MissLedger:
+    """The miss causes of one arm's engine, in tokens, cumulative like its other counters (the A/B runner takes
+    each round's as a difference, the exporter publishes them as they are)."""
+
+    def __init__(self, tiers: Sequence[Tier], block_tokens: int) -> None:
+        self.block_tokens = block_tokens
+        self.fates: dict[Key, object] = {}
+        for tier in tiers:
+            tier.fates = self.fates
+        self._indexes = [tier.policy.index for tier in tiers]
+        self.tokens = dict.fromkeys(CAUSES, 0)  # `evicted` is the sum of evicted_tokens
+        self.evicted_tokens = {tier.name: 0 for tier in tiers}  # by the tier that evicted them last
+
+    def classify(self, keys: Sequence[Key], first_miss: int, hittable: int, prompt_tokens: int) -> None:
+        """Give a cause to each prompt token of a request from block `first_miss` on (its hits end there); blocks
+        past `hittable` and the tokens past its full blocks are `cold`: no cache serves them."""
+        block, tokens, fates, indexes = self.block_tokens, self.tokens, self.fates, self._indexes
+        cold = prompt_tokens - max(hittable, first_miss) * block
+        broken = refused = 0
+        evicted = self.evicted_tokens
+        for key in islice(keys, first_miss, hittable):
+            if any(key in index for index in indexes):
+                broken += block
+                continue
+            fate = fates.get(key)
+            if fate is None:
+                cold += block
+            elif fate is NOT_ADMITTED:
+                refused += block
+            else:
+                evicted[fate] += block  # type: ignore[index]  # a tier's name
+        tokens["cold"] += cold
+        tokens["chain_broken"] += broken
+        tokens["not_admitted"] += refused
+
+    def snapshot(self) -> dict:
+        """The causes so far, in tokens: each cause, and `evicted_by_tier`."""
+        evicted = self.evicted_tokens
+        return {**self.tokens, "evicted": sum(evicted.values()), "evicted_by_tier": dict(evicted)}
+
+
+def causes_between(before: dict, after: dict) -> dict:
+    """The miss causes of what was served between two snapshots (a round's)."""
+    delta = {cause: after[cause] - before[cause] for cause in CAUSES}
+    by_tier = after["evicted_by_tier"]
+    delta["evicted_by_tier"] = {tier: tokens - before["evicted_by_tier"][tier] for tier, tokens in by_tier.items()}
+    return delta
+
+
+def dominant_cause(causes: dict) -> str | None:
+    """The cause with the most tokens (the first of CAUSES on a tie); None when nothing missed."""
+    cause = max(CAUSES, key=causes.__getitem__)
+    return cause if causes[cause] else None
