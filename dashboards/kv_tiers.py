@@ -7,6 +7,11 @@ amplification, which jumps when evicted chain heads are recomputed and rewritten
 
 Engines and store systems are shown per `target` (the kvscope target that published them), as the recording rules
 keep them: two vLLM servers both call their first engine "0" and its offload "vllm_offload:0".
+
+A last row shows a KV router in front of the engines (NVIDIA Dynamo), per router and routing phase: the cached
+prefix it expected on the workers it chose against the best eligible worker's and what the workers then served, its
+prefix-hit ratio (which KVCacheHitRateCollapse judges where no engine exports prefix-cache counters), the KV events
+it applied from the workers, and the workers' own KV cache usage and preemptions.
 """
 
 from __future__ import annotations
@@ -32,16 +37,22 @@ MEDIA = 'system=~"$system", tier=~"$tier"'
 ALLOCATED = f"sum by (target, system, tier) ({metric('kv.tier.allocated.bytes')}{{{MEDIA}}})"
 CAPACITY = f"sum by (target, system, tier) ({metric('kv.tier.capacity.bytes')}{{{MEDIA}}})"
 MEDIA_SERIES = '__name__=~"kv_(store|tier)_.+"'  # every store and tier series carries system and tier
+ROUTERS = 'router=~"$router"'
+# The frontends (targets) of the chosen routers: the frontend's own series (served cached tokens) have no router.
+FRONTENDS = f"on (target) group by (target) (target_router_phase:kv_router_prompt_tokens:rate5m{{{ROUTERS}}})"
 # Legends: an engine or a medium is named with the target it came from.
 ENGINE = "{{target}} {{engine}}"
 MEDIUM = "{{target}} {{system}} {{tier}}"
+ROUTER = "{{target}} {{router}} {{phase}}"
+WORKER = "{{target}} {{worker_id}} {{engine}}"
 
 
 def build() -> dashboard.Dashboard:
     board = Board(
         UID,
         "kvscope / KV tiers",
-        "Prefix-cache hit ratio, tokens and bytes per tier, occupancy and collapse headroom, write amplification.",
+        "Prefix-cache hit ratio, tokens and bytes per tier, occupancy and collapse headroom, write amplification; a "
+        "KV router's cached prefix chosen, best and served, its KV events, its workers' KV usage and preemptions.",
         ["kv-cache"],
     )
     board.variable(
@@ -62,6 +73,12 @@ def build() -> dashboard.Dashboard:
             "Tier",
             "gpu, dram, ssd, nof",
             f'label_values({{{MEDIA_SERIES}, system=~"$system"}}, tier)',
+        ),
+        label_variable(
+            "router",
+            "KV router",
+            "KV routers in front of the engines (Dynamo: the frontend's instance id)",
+            f"label_values({metric('kv.router.prompt.tokens')}, router)",
         ),
     )
     board.alert_annotations()
@@ -207,6 +224,88 @@ def build() -> dashboard.Dashboard:
             width=12,
             steps=(("green", None), ("red", 1)),
             no_value="0",
+        ),
+    )
+
+    board.row("KV router and its workers").panels(
+        timeseries_panel(
+            "Cached prefix chosen, best eligible and served",
+            "Prompt tokens per second the KV router expected cached on the workers it chose (chosen) and on the best "
+            "eligible worker (best), per router and routing phase, and the cached tokens the workers then served, "
+            "as the frontend's responses report them (served, per model). Best above chosen is what routing for load "
+            "costs in hits; served below chosen is blocks the workers evicted while the router still counted on them.",
+            "short",
+            [
+                Query(
+                    f'target_router_phase_choice:kv_router_prefix_tokens:rate5m{{{ROUTERS}, choice="selected"}}',
+                    f"{ROUTER} chosen",
+                ),
+                Query(
+                    f'target_router_phase_choice:kv_router_prefix_tokens:rate5m{{{ROUTERS}, choice="best_eligible"}}',
+                    f"{ROUTER} best",
+                ),
+                Query(f"target_model:kv_frontend_cached_tokens:rate5m and {FRONTENDS}", "{{target}} {{model}} served"),
+            ],
+            width=8,
+            axis_label="tokens/s",
+        ),
+        timeseries_panel(
+            "Router prefix-hit ratio and served over expected",
+            "Cached prefix tokens the router expected on the workers it chose over the prompt tokens it routed (5 min "
+            "rates): where no engine exports prefix-cache counters, KVCacheHitRateCollapse fires when it falls below "
+            "half its peak of the last hour while the workers' stored KV events do not fall. Served over expected: "
+            "the cached tokens the workers served over what the router expected on them (1 while its index holds).",
+            "percentunit",
+            [
+                Query(f"target_router_phase:kv_router_prefix_hit_ratio:rate5m{{{ROUTERS}}}", f"{ROUTER} hit ratio"),
+                Query(
+                    f"target_model_phase:kv_router_prefix_served:ratio_rate5m and {FRONTENDS}",
+                    "{{target}} {{model}} {{phase}} served over expected",
+                ),
+            ],
+            width=8,
+        ),
+        timeseries_panel(
+            "KV events applied per router",
+            "KV events from the workers the router applied to its index, per second: blocks stored, removed (evicted) "
+            "and caches cleared; rejected ones (a status other than ok: the index out of step with the workers) "
+            "summed apart. Removed close behind stored is a cache at its capacity.",
+            "eps",
+            [
+                Query(
+                    f'target_router_event_status:kv_router_events:rate5m{{{ROUTERS}, status="ok"}}',
+                    "{{target}} {{router}} {{event}}",
+                ),
+                Query(
+                    "sum by (target, router, event) "
+                    f'(target_router_event_status:kv_router_events:rate5m{{{ROUTERS}, status!="ok"}})',
+                    "{{target}} {{router}} {{event}} rejected",
+                ),
+            ],
+            width=8,
+            axis_label="events/s",
+        ),
+        timeseries_panel(
+            "Worker KV cache usage",
+            "Fraction of each worker's KV cache blocks in use (kv.engine.cache.usage; Dynamo's workers, named by the "
+            "worker id the frontend gives them, and their data-parallel rank as engine). Near 1 the worker evicts "
+            "prefixes and preempts requests; 0 when idle.",
+            "percentunit",
+            [Query(metric("kv.engine.cache.usage"), WORKER)],
+            bounds=(0, 1),
+        ),
+        timeseries_panel(
+            "Preemptions per worker",
+            "Requests each engine preempted per second (their KV freed, to be recomputed): its KV cache was too small "
+            "for the requests running on it.",
+            "short",
+            [
+                Query(
+                    f"sum by (target, worker_id, engine) (rate({metric('kv.engine.preemptions')}[$__rate_interval]))",
+                    WORKER,
+                )
+            ],
+            axis_label="preemptions/s",
         ),
     )
     return board.build()

@@ -1,11 +1,12 @@
-"""Fabric sources whose counters move, for the live dashboard test: an SPDK target, a sysfs tree of RDMA NICs and a
-vLLM engine's request histograms.
+"""Sources whose counters move, for the live dashboard test: an SPDK target, a sysfs tree of RDMA NICs, a vLLM
+engine's request histograms, and a Dynamo frontend with its KV router and two workers.
 
 They replay the fixtures (tests/fixtures/spdk/live, tests/fixtures/rdma/sysfs, plus the SYNTHETIC RoCE port of
-tests/fixtures/rdma/synthetic/sysfs and its made-up congestion counters, and the TTFT and prompt-length histograms of
-tests/fixtures/vllm's rendered default /metrics) with their I/O, reactor, data, congestion, error and bucket counters
-growing over time, so that rates, and latencies, busy shares and quantiles from rates, have values. Everything else
-is answered or read exactly as in the fixtures.
+tests/fixtures/rdma/synthetic/sysfs and its made-up congestion counters, the TTFT and prompt-length histograms of
+tests/fixtures/vllm's rendered default /metrics, and tests/fixtures/dynamo's small-cache captures, taken mid-load)
+with their I/O, reactor, data, congestion, error, bucket and Dynamo counters growing over time, so that rates, and
+latencies, busy shares, quantiles and ratios from rates, have values. Everything else is answered or read exactly as
+in the fixtures.
 """
 
 from __future__ import annotations
@@ -124,20 +125,15 @@ _VLLM_HISTOGRAMS = ("vllm:time_to_first_token_seconds", "vllm:request_prompt_tok
 _VLLM_SAMPLE = re.compile(r"^(?P<series>\S+\}) (?P<value>\S+)$")
 
 
-class VllmEngine:
-    """A vLLM server on 127.0.0.1 whose GET /metrics answers the TTFT and prompt-length histograms of the rendered
-    vLLM 0.33 exposition (tests/fixtures/vllm, default config), every bucket, _count and _sum times the number of
-    GETs so far: the requests keep the captured distribution, so their quantiles are the captured ones."""
+class MetricsServer:
+    """An HTTP server on 127.0.0.1 whose GET /metrics answers `metrics()` (404 elsewhere)."""
 
     def __init__(self) -> None:
-        text = (FIXTURES / "vllm" / "metrics_rendered_v0.33.0_default_SYNTHETIC.txt").read_text()
-        self.lines = [line for line in text.splitlines() if _histogram_line(line)]
-        self.calls = 0
-        engine = self
+        server = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                body = engine.metrics().encode() if self.path == "/metrics" else b"not found"
+                body = server.metrics().encode() if self.path == "/metrics" else b"not found"
                 self.send_response(200 if self.path == "/metrics" else 404)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
                 self.send_header("Content-Length", str(len(body)))
@@ -153,16 +149,31 @@ class VllmEngine:
         self.url = f"http://127.0.0.1:{self._httpd.server_port}/metrics"
 
     def metrics(self) -> str:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
+class VllmEngine(MetricsServer):
+    """A vLLM server whose GET /metrics answers the TTFT and prompt-length histograms of the rendered vLLM 0.33
+    exposition (tests/fixtures/vllm, default config), every bucket, _count and _sum times the number of GETs so far:
+    the requests keep the captured distribution, so their quantiles are the captured ones."""
+
+    def __init__(self) -> None:
+        text = (FIXTURES / "vllm" / "metrics_rendered_v0.33.0_default_SYNTHETIC.txt").read_text()
+        self.lines = [line for line in text.splitlines() if _histogram_line(line)]
+        self.calls = 0
+        super().__init__()
+
+    def metrics(self) -> str:
         self.calls += 1
         scaled = []
         for line in self.lines:
             sample = _VLLM_SAMPLE.match(line)
             scaled.append(f"{sample['series']} {float(sample['value']) * self.calls}" if sample else line)
         return "\n".join(scaled) + "\n"
-
-    def close(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
 
 
 def _histogram_line(line: str) -> bool:
@@ -180,3 +191,47 @@ def vllm_engine() -> Iterator[VllmEngine]:
     engine = VllmEngine()
     yield engine
     engine.close()
+
+
+# One sample line of a Prometheus text exposition: the series (name and labels, whose values may hold spaces) and its
+# value.
+_SAMPLE = re.compile(r"^(?P<name>[^\s{]+)(?P<labels>\{.*\})? (?P<value>\S+)$")
+
+
+class DynamoProcess(MetricsServer):
+    """A Dynamo process (the frontend with its KV router, or a worker) whose GET /metrics answers its capture in
+    tests/fixtures/dynamo whole, every sample of its counter and histogram families times the number of GETs so far,
+    its gauges as captured: rates keep the captured proportions, so a ratio of two of them is the capture's."""
+
+    def __init__(self, capture: str) -> None:
+        self.lines = (FIXTURES / "dynamo" / capture).read_text().splitlines()
+        kinds = {words[2]: words[3] for words in map(str.split, self.lines) if words[:2] == ["#", "TYPE"]}
+        self.growing = {name for name, kind in kinds.items() if kind == "counter"}
+        self.growing |= {f"{name}{suffix}" for name, kind in kinds.items() if kind == "histogram"
+                         for suffix in ("_bucket", "_count", "_sum")}  # fmt: skip
+        self.calls = 0
+        super().__init__()
+
+    def metrics(self) -> str:
+        self.calls += 1
+        scaled = []
+        for line in self.lines:
+            sample = None if line.startswith("#") else _SAMPLE.match(line)
+            if sample and sample["name"] in self.growing:
+                line = f"{sample['name']}{sample['labels'] or ''} {float(sample['value']) * self.calls}"
+            scaled.append(line)
+        return "\n".join(scaled) + "\n"
+
+
+@pytest.fixture
+def dynamo_stack() -> Iterator[dict[str, DynamoProcess]]:
+    """A frontend with its KV router and its two mocker workers, replaying the small-cache run's captures taken
+    mid-load (tests/fixtures/dynamo/PROVENANCE.md), by target name."""
+    stack = {
+        "dynamo-frontend": DynamoProcess("small_blocks_midload_frontend.prom"),
+        "dynamo-worker-0": DynamoProcess("small_blocks_midload_worker0.prom"),
+        "dynamo-worker-1": DynamoProcess("small_blocks_midload_worker1.prom"),
+    }
+    yield stack
+    for process in stack.values():
+        process.close()

@@ -3,9 +3,9 @@ follows (dashboards/common.py), and every query answered by a real Prometheus th
 
 Static checks read the JSON the builders make (the committed files are checked to be exactly that). The live test
 starts the kvscope service (an embedded A/B of the long-output example runs in it), `kvscope scrape` over an SPDK
-target, RDMA NICs and a vLLM engine's request histograms replayed from fixtures with moving counters, and a real
-Prometheus loading deploy/prometheus/rules/*.yml; then it resolves each dashboard's variables the way Grafana does
-and runs every panel query, annotation and REST table.
+target, RDMA NICs, a vLLM engine's request histograms and a Dynamo frontend and its two workers replayed from
+fixtures with moving counters, and a real Prometheus loading deploy/prometheus/rules/*.yml; then it resolves each
+dashboard's variables the way Grafana does and runs every panel query, annotation and REST table.
 """
 
 from __future__ import annotations
@@ -352,9 +352,11 @@ class Prometheus:
         self.client.close()
 
 
-def _start_exporter(tmp_path: Path, spdk_socket: Path, sysfs: Path, vllm_url: str) -> tuple[subprocess.Popen, int]:
-    """`kvscope scrape` over the SPDK target, the RDMA tree and the vLLM engine (its KV loads cross the NoF role's
-    NICs), its Prometheus endpoint on a free port."""
+def _start_exporter(
+    tmp_path: Path, spdk_socket: Path, sysfs: Path, vllm_url: str, dynamo: Mapping[str, str]
+) -> tuple[subprocess.Popen, int]:
+    """`kvscope scrape` over the SPDK target, the RDMA tree, the vLLM engine (its KV loads cross the NoF role's
+    NICs) and the Dynamo processes (target name -> URL), its Prometheus endpoint on a free port."""
     port = free_port()
     config = {
         "exporter": {"listen_host": "127.0.0.1", "listen_port": port},
@@ -375,6 +377,7 @@ def _start_exporter(tmp_path: Path, spdk_socket: Path, sysfs: Path, vllm_url: st
                 "roles": {"mlx5_0": "dram", "mlx5_1": "nof", "mlx4_0": "nof", "hfi1_0": "nof"},
             },
             {"name": "vllm-0", "source": "vllm", "url": vllm_url, "interval_s": 0.5, "labels": {"role": "nof"}},
+            *({"name": name, "source": "dynamo", "url": url, "interval_s": 0.5} for name, url in dynamo.items()),
         ],
     }
     (tmp_path / "targets.yaml").write_text(yaml.safe_dump(config))
@@ -483,7 +486,7 @@ def _rest_tables_without_data(service_url: str) -> tuple[int, list[str]]:
 
 
 def test_every_dashboard_query_returns_data_from_a_real_prometheus(
-    tmp_path, real_binary, spdk_target, rdma_tree, vllm_engine
+    tmp_path, real_binary, spdk_target, rdma_tree, vllm_engine, dynamo_stack
 ):
     binary = real_binary("prometheus")
     for name in ENGINES.snapshot():  # published by earlier tests in this process, frozen: not this test's A/B
@@ -491,7 +494,9 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(
     service = Service(
         tmp_path, criteria=[ROOT / "criteria" / "media.yaml"], scrape_interval_s=0.5, dashboards_dir=FOLDER
     )
-    exporter, exporter_port = _start_exporter(tmp_path, spdk_target.path, rdma_tree.root, vllm_engine.url)
+    exporter, exporter_port = _start_exporter(
+        tmp_path, spdk_target.path, rdma_tree.root, vllm_engine.url, {n: p.url for n, p in dynamo_stack.items()}
+    )
     prometheus = Prometheus(
         binary,
         tmp_path,
@@ -557,6 +562,50 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(
             (quantile,) = at_end(f"role:{rule}")
             assert quantile["metric"]["role"] == "nof", quantile
             assert float(quantile["value"][1]) == pytest.approx(expected, rel=1e-6), rule
+        # The router row: the Dynamo captures' counters grow in their captured proportions (small-cache run, mid-load):
+        # the router routed 7680 prompt tokens and expected 2720 cached on the workers it chose (3296 on the best
+        # eligible ones), the workers served 1088 (0.4 of what it expected) and stored 112 KV events to 80 removed;
+        # each worker's usage gauge is the capture's (54 and 56 of its 56 blocks), each preempted 2 requests.
+        assert all(process.calls > 5 for process in dynamo_stack.values())
+        frontend = {"target": "dynamo-frontend", "router": "1883717788244607475", "phase": "aggregated"}
+
+        def by_labels(expr: str) -> dict[frozenset, float]:
+            """Each series' value at the window's end by its labels, less Prometheus' own (name, job, instance)."""
+            added = {"__name__", "job", "instance"}
+            return {
+                frozenset((k, v) for k, v in s["metric"].items() if k not in added): float(s["value"][1])
+                for s in at_end(expr)
+            }
+
+        def key(**labels: str) -> frozenset:
+            return frozenset(labels.items())
+
+        assert by_labels("target_router_phase:kv_router_prefix_hit_ratio:rate5m") == {
+            key(**frontend): pytest.approx(2720 / 7680, rel=1e-6)
+        }
+        chosen = by_labels("target_router_phase_choice:kv_router_prefix_tokens:rate5m")
+        assert chosen[key(**frontend, choice="selected")] / chosen[key(**frontend, choice="best_eligible")] == (
+            pytest.approx(2720 / 3296, rel=1e-6)
+        )
+        assert by_labels("target_model_phase:kv_router_prefix_served:ratio_rate5m") == {
+            key(target="dynamo-frontend", model="tiny", phase="aggregated"): pytest.approx(0.4, rel=1e-6)
+        }
+        events = by_labels('target_router_event_status:kv_router_events:rate5m{status="ok"}')
+        stored, removed = (
+            events[key(target="dynamo-frontend", router=frontend["router"], event=event, status="ok")]
+            for event in ("stored", "removed")
+        )
+        assert stored / removed == pytest.approx(112 / 80, rel=1e-6)
+        assert by_labels("kv_engine_cache_usage") == {
+            key(target="dynamo-worker-0", worker_id="16043297272919392144", engine="0"): 54 / 56,
+            key(target="dynamo-worker-1", worker_id="60841864120844382", engine="0"): 1.0,
+        }
+        preempted = by_labels('sum by (target, worker_id) (rate(kv_engine_preemptions_total{worker_id!=""}[5m]))')
+        assert preempted.keys() == {
+            key(target="dynamo-worker-0", worker_id="16043297272919392144"),
+            key(target="dynamo-worker-1", worker_id="60841864120844382"),
+        }
+        assert all(rate > 0 for rate in preempted.values()), preempted
 
         while (test := progress())["status"] == "running":  # verdicts come when it ends
             assert time.monotonic() < deadline, "the A/B did not finish"
