@@ -227,6 +227,22 @@ INSTRUMENTS: dict[str, Instrument] = {
         Instrument("kv.tier.evictions", "counter", "{block}", _TIER, "blocks or objects evicted from the medium"),
         Instrument("kv.tier.evicted.bytes", "counter", "By", _TIER, "bytes evicted from the medium"),
         Instrument("kv.tier.hits", "counter", "{lookup}", _TIER, "lookups served by the medium"),
+        Instrument(
+            "kv.tier.hit.ratio",
+            "gauge",
+            "1",
+            _TIER,
+            "fraction of lookups the medium served over the system's own recent window (0-1), for a system that "
+            "exports a ratio and no counts (Dynamo's KV block manager); kv.tier.hits gives it over any window",
+        ),
+        Instrument(
+            "kv.tier.transferred.blocks",
+            "counter",
+            "{block}",
+            ("system", "from_tier", "to_tier"),
+            "blocks (or chunks) a tiered KV cache copied from one tier to another: offloads (gpu to host, host to "
+            "disk, ...) and onboards back towards the engine, by the tier they left and the tier they entered",
+        ),
         Instrument("rdma.port.tx.bytes", "counter", "By", _NIC, "bytes sent by the RDMA port"),
         Instrument("rdma.port.rx.bytes", "counter", "By", _NIC, "bytes received by the RDMA port"),
         Instrument(
