@@ -207,7 +207,7 @@ def _predict_arm(
         _dominant_cause_followed(planned, round_) for planned, round_ in zip(result.rounds[collapse - 1 :],
                                                                             followed[collapse - 1 :], strict=True)
     ]  # fmt: skip
-    explanation.append(f"the miss cause expected to dominate from round {collapse}: {_cause_runs(causes, collapse)}")
+    explanation.append(f"the miss cause expected to dominate from round {collapse}: {cause_runs(causes, collapse)}")
     return ArmPrediction(capacity, policy, overflow, collapse, explanation, depth[0], causes)
 
 
@@ -234,7 +234,7 @@ def _dominant_cause_followed(planned: RoundPlan, followed: FollowedRound) -> str
     )  # fmt: skip
 
 
-def _cause_runs(causes: list[str | None], first: int) -> str:
+def cause_runs(causes: list[str | None], first: int) -> str:
     """Rounds from `first` on grouped by their expected cause: 'chain_broken in rounds 8-9, evicted in 10-20'."""
     runs: list[tuple[str | None, int, int]] = []
     for number, cause in enumerate(causes[first - 1 :], start=first):

@@ -6,13 +6,15 @@ from pathlib import Path
 
 from rich.table import Table
 
-from kvscope.tierstore.planner import Plan
+from kvscope.tierstore.misses import CAUSES, dominant_cause
+from kvscope.tierstore.planner import Plan, cause_runs
 from kvscope.units import format_bytes
 
 
 def rounds_table(result: dict) -> Table:
     """Per round, for each arm: hit ratio against the ideal (a mirror's with the range of its seeds where they
-    differ), tokens recomputed per request beyond the ideal's, bytes written per tier, evictions."""
+    differ), tokens recomputed per request beyond the ideal's, bytes written per tier, evictions, and the miss cause
+    that dominated with its share of the misses (the planner's expected one beside it where it differs)."""
     arms = result["arms"]
     table = Table(title=f"{result['scenario']['name']}: hit ratio per round (ideal in the first column)")
     table.add_column("round", justify="right")
@@ -23,6 +25,7 @@ def rounds_table(result: dict) -> Table:
         for tier in arm["totals"]["written_bytes"]:
             table.add_column(f"{name}\n{tier} written", justify="right")
         table.add_column(f"{name}\nevictions", justify="right")
+        table.add_column(f"{name}\nmissed most\n(expected)", justify="left")
     first = next(iter(arms.values()))
     for index, row in enumerate(first["rounds"]):
         cells = [str(row["round"]), f"{row['ideal_hit_ratio']:.3f}"]
@@ -38,8 +41,38 @@ def rounds_table(result: dict) -> Table:
             cells.append(f"{arm_row['excess_recompute_tokens_per_request']:,.0f}")
             cells += [format_bytes(arm_row["written_bytes"][tier]) for tier in arm["totals"]["written_bytes"]]
             cells.append(f"{sum(arm_row['evictions'].values()):,}")
+            expected = arm["prediction"].get("dominant_miss_cause_by_round") or []
+            cells.append(_dominant_cell(arm_row, expected[index] if index < len(expected) else None))
         table.add_row(*cells)
     return table
+
+
+def _dominant_cell(row: dict, expected: str | None) -> str:
+    """The cause most of a round's missed tokens had and its share, with the expected one when they differ; '-'
+    where the misses were not classified (a real store)."""
+    causes = row.get("miss_causes")
+    if causes is None:
+        return "-" if expected is None else f"- ({expected})"
+    cause = dominant_cause(causes)
+    if cause is None:
+        return "none" if expected is None else f"none ({expected})"
+    text = f"{cause} {causes[cause] / sum(causes[name] for name in CAUSES):.0%}"
+    if cause == "evicted" and len(causes["evicted_by_tier"]) > 1:
+        text += f" ({max(causes['evicted_by_tier'].items(), key=lambda item: item[1])[0]})"
+    return text if expected == cause else f"{text} ({expected or 'none'})"
+
+
+def miss_cause_line(causes: dict) -> str:
+    """The miss causes of a run as shares of its misses: 'cold 21%, evicted 63% (dram), chain_broken 16%'."""
+    total = sum(causes[cause] for cause in CAUSES)
+    if not total:
+        return "no misses"
+    parts = []
+    for cause in CAUSES:
+        if causes[cause]:
+            tiers = [tier for tier, tokens in causes["evicted_by_tier"].items() if tokens] if cause == "evicted" else []
+            parts.append(f"{cause} {causes[cause] / total:.0%}" + (f" ({', '.join(tiers)})" if tiers else ""))
+    return ", ".join(parts)
 
 
 def _arm_title(name: str, arm: dict) -> str:
@@ -86,10 +119,12 @@ def verdict_lines(result: dict) -> list[str]:
             outcome = f"collapse predicted at round {predicted}, observed at round {observed}"
         else:
             outcome = f"collapse predicted at round {predicted}, observed at round {observed} (MISMATCH)"
+        causes = totals.get("miss_causes")
+        missed = f"; missed tokens: {miss_cause_line(causes)}" if causes else ""
         lines.append(
             f"{name}: {outcome}{_depth(arm)}; hit ratio {totals['hit_ratio']:.3f} overall, "
             f"{totals['excess_recompute_tokens_per_request']:,.0f} tokens a request recomputed beyond the ideal's; "
-            f"mean TTFT {totals['ttft_s_mean']:.2f} s; written {written}"
+            f"mean TTFT {totals['ttft_s_mean']:.2f} s; written {written}{missed}"
         )
     return lines
 
@@ -124,7 +159,8 @@ def plan_lines(the_plan: Plan) -> list[str]:
         depth = " then ".join(f"{ratio:.3f}" for _, ratio in arm.collapse_depth)
         depth = f" (hit ratio {depth})" if depth else ""
         lines.append(
-            f"[bold]{name}[/bold]: collapse round {arm.collapse_round}{depth}, overflow round {arm.overflow_round}"
+            f"[bold]{name}[/bold]: collapse round {arm.collapse_round}{depth}, overflow round {arm.overflow_round}; "
+            f"expected to miss most: {cause_runs(arm.dominant_miss_causes, 1)}"
         )
         lines += [f"  {line}" for line in arm.explanation]
     return lines

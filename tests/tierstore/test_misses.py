@@ -159,3 +159,26 @@ def test_the_planner_names_the_cold_cause_where_nothing_collapses():
     the_plan = plan(load_scenario(EXAMPLES / "long_output.yaml"))
     assert the_plan.arms["tiered"].dominant_miss_causes == ["cold"] * 20
     assert the_plan.arms["dram_only"].dominant_miss_causes[:7] == ["cold"] * 7
+
+
+def test_the_table_and_the_lines_say_the_causes():
+    """The long-output A/B: round 9 of the DRAM-only arm missed most as chain_broken (742k of 1.77M missed tokens:
+    42%), as expected; the verdict gives each cause's share of the run's misses; predict names them per round."""
+    from rich.console import Console
+
+    from kvscope.tierstore.report import miss_cause_line, plan_lines, rounds_table, verdict_lines
+
+    result = run_ab(load_scenario(EXAMPLES / "long_output.yaml"))
+    console = Console(width=400, record=True)
+    console.print(rounds_table(result))
+    rows = [line.split("│") for line in console.export_text().splitlines() if line.startswith("│")]
+    row_9 = "│".join(next(cells for cells in rows if cells[1].strip() == "9"))
+    assert "chain_broken 42%" in row_9 and "(" not in row_9.split("chain_broken 42%")[1].split("│")[0]
+    causes = dict.fromkeys(CAUSES, 0) | {"cold": 1, "evicted": 2, "chain_broken": 1, "evicted_by_tier": {"nof": 2}}
+    assert miss_cause_line(causes) == "cold 25%, evicted 50% (nof), chain_broken 25%"
+    dram_only = next(line for line in verdict_lines(result) if line.startswith("dram_only"))
+    assert dram_only.endswith("missed tokens: " + miss_cause_line(result["arms"]["dram_only"]["totals"]["miss_causes"]))
+    assert any(
+        "expected to miss most: cold in rounds 1-8, chain_broken in round 9, evicted in rounds 10-20" in line
+        for line in plan_lines(plan(load_scenario(EXAMPLES / "long_output.yaml")))
+    )
