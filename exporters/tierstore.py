@@ -2,7 +2,9 @@
 embedded store is scraped, mapped and exported exactly like a production cluster.
 
 Raw names: `tierstore_engine_<counter>` (labels `store`) for the emulated engine and `tierstore_tier_<counter>`
-(labels `store`, `tier`) for each tier, with the counters of kvscope.tierstore.tier.TierCounters.
+(labels `store`, `tier`) for each tier, with the counters of kvscope.tierstore.tier.TierCounters; the engine's missed
+prompt tokens by cause (kvscope.tierstore.misses) as `tierstore_engine_miss_tokens_total` (labels `store`, `cause`,
+and `tier` for `evicted`: the tier that evicted the block last).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pydantic import Field
 from kvscope.exporters.base import Collector, TargetConfig
 from kvscope.samples import Sample, labels_of
 from kvscope.tierstore.live import ENGINES
+from kvscope.tierstore.misses import CAUSES
 
 _GAUGES = {"allocated_bytes", "capacity_bytes"}
 
@@ -36,6 +39,8 @@ class TierstoreCollector(Collector):
             for counter, value in asdict(engine.counters).items():
                 name = f"tierstore_engine_{counter}_total"
                 samples.append(Sample(self.source, name, engine_labels, value, "counter"))
+            if engine.misses is not None:
+                samples += self._miss_samples(store, engine.misses.snapshot())
             tiers = ([engine.gpu_cache] if engine.gpu_cache else []) + engine.store.tiers + engine.store.attached
             for tier in tiers:
                 labels = labels_of({"store": store, "tier": tier.name})
@@ -44,3 +49,12 @@ class TierstoreCollector(Collector):
                     name = f"tierstore_tier_{counter}" if kind == "gauge" else f"tierstore_tier_{counter}_total"
                     samples.append(Sample(self.source, name, labels, value, kind))
         return samples
+
+    def _miss_samples(self, store: str, causes: dict) -> list[Sample]:
+        """Missed tokens by cause, `evicted` one series per tier (every cause present, 0 included, so a rate of
+        each exists from the first scrape)."""
+        name = "tierstore_engine_miss_tokens_total"
+        by_cause = [({"store": store, "cause": cause}, causes[cause]) for cause in CAUSES if cause != "evicted"]
+        by_tier = [({"store": store, "cause": "evicted", "tier": tier}, tokens)
+                   for tier, tokens in causes["evicted_by_tier"].items()]  # fmt: skip
+        return [Sample(self.source, name, labels_of(labels), value, "counter") for labels, value in by_cause + by_tier]

@@ -61,6 +61,15 @@ INSTRUMENTS: dict[str, Instrument] = {
             "kv.engine.prompt.tokens",
         ),
         Instrument(
+            "kv.miss.tokens",
+            "counter",
+            "{token}",
+            ("engine", "cause", "tier"),
+            "prompt tokens the engine recomputed, by why they missed: cold (never stored), evicted (by `tier`, the "
+            "one that evicted the block last), chain_broken (stored, behind a block that is gone), not_admitted (a "
+            "refused put), elsewhere (held by another engine); the causes add up to the computed prompt tokens",
+        ),
+        Instrument(
             "kv.engine.prompt.tokens",
             "counter",
             "{token}",

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
+from support.realservers import served_exposition
+
 from kvscope.exporters.config import parse_config
 from kvscope.exporters.scrape import Scraper
 from kvscope.tierstore.ab import run_ab
 from kvscope.tierstore.live import ENGINES
+from kvscope.tierstore.misses import CAUSES
 from kvscope.tierstore.scenario import parse_scenario
 
 SCENARIO = {
@@ -56,9 +59,34 @@ def test_exported_model_equals_the_ab_totals():
             assert model[("kv.tier.allocated.bytes", labels)] == counters["allocated_bytes"]
             assert model[("kv.tier.capacity.bytes", labels)] == counters["capacity_bytes"]
     assert result["arms"]["small"]["totals"]["evictions"]["dram"] > 0, "the small arm must evict to mean anything"
+    for arm, arm_result in result["arms"].items():
+        engine_misses = {
+            (dict(labels)["cause"], dict(labels).get("tier", "")): value
+            for (name, labels), value in model.items()
+            if name == "kv.miss.tokens" and ("engine", f"exported/{arm}") in labels
+        }
+        causes = arm_result["totals"]["miss_causes"]
+        expected = {(cause, ""): causes[cause] for cause in CAUSES if cause != "evicted"}
+        expected |= {("evicted", tier): tokens for tier, tokens in causes["evicted_by_tier"].items()}
+        assert engine_misses == expected
+        assert sum(engine_misses.values()) == arm_result["totals"]["query_tokens"] - arm_result["totals"]["hit_tokens"]
+    assert model[("kv.miss.tokens", (("cause", "evicted"), ("engine", "exported/small"), ("tier", "dram")))] > 0
     assert model[("kv.tier.evictions", (("system", "tierstore:exported/tiered"), ("tier", "nof")))] == 0
 
 
 def test_an_unpublished_store_yields_nothing():
     [state] = scrape([{"name": "embedded", "source": "tierstore", "stores": ["nothing/here"]}])
     assert state.up and state.raw == [] and state.normalized == []
+
+
+def test_promtool_accepts_the_miss_causes_as_served(check_metrics):
+    run_ab(parse_scenario(SCENARIO), publish=True)
+    try:
+        target = {"name": "embedded", "source": "tierstore", "stores": ["exported/small"]}
+        text = served_exposition(parse_config({"exporter": {"listen_port": 0}, "targets": [target]}))
+    finally:
+        for arm in SCENARIO["arms"]:
+            ENGINES.withdraw(f"exported/{arm}")
+    assert '\nkv_miss_tokens_total{cause="evicted",engine="exported/small",' in text
+    assert '\nkv_miss_tokens_total{cause="chain_broken",engine="exported/small",' in text
+    check_metrics(text)
