@@ -1,0 +1,103 @@
+"""LMCache's multiprocess server's /metrics through the collector and its mapping, over a real HTTP server on
+127.0.0.1: the fixture rendered from LMCache 0.5.6's metric definitions through OpenTelemetry's Prometheus exporter
+(tests/fixtures/lmcache/PROVENANCE.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from support.realservers import served_exposition
+from support.scrape import collect_once
+
+from kvscope.exporters.config import parse_config
+from kvscope.exporters.lmcache import LmcacheCollector
+from kvscope.exporters.normalizer import mapping_for
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "lmcache"
+MP_SERVER = FIXTURES / "metrics_rendered_v0.5.6_mp_SYNTHETIC.txt"
+# Every raw family of the fixture that the mapping leaves out, and why (mappings/lmcache.yaml says the same).
+NOT_MAPPED = {
+    "target_info": "the OpenTelemetry resource",
+    "lmcache_mp_lookups_requests_total": "a count of lookups; the model counts tokens",
+    "lmcache_mp_lookup_early_exit_requests_total": "lookups that never probed the cache",
+    "lmcache_mp_l1_read_chunks_total": "retrieves to the engine and reads for L2 stores together",
+    "lmcache_mp_l1_write_chunks_total": "the engine's stores and loads from L2 together",
+    "lmcache_mp_l2_store_submitted_requests_total": "submitted; the completed ones are mapped",
+    "lmcache_mp_l2_store_submitted_objects_chunks_total": "submitted; the completed ones are mapped",
+    "lmcache_mp_l2_prefetch_load_submitted_requests_total": "submitted; the completed ones are mapped",
+    "lmcache_mp_l2_prefetch_load_submitted_objects_chunks_total": "submitted; the completed ones are mapped",
+    "lmcache_mp_l2_prefetch_lookup_requests_total": "a prefetch's L2 lookups; its hits are the L2 hit keys",
+    "lmcache_mp_l2_prefetch_lookup_objects_chunks_total": "a prefetch's L2 lookups; its hits are the L2 hit keys",
+}
+
+
+def scrape(url: str, **extra):
+    config = parse_config({"targets": [{"name": "lmcache-a", "source": "lmcache", "url": url, **extra}]}).targets[0]
+    raw = collect_once(LmcacheCollector(config))
+    return raw, mapping_for("lmcache").apply(raw, config.labels)
+
+
+def raw_value(raw, name: str, **labels: str) -> float:
+    return sum(s.value for s in raw if s.name == name and all(s.label_map.get(k) == v for k, v in labels.items()))
+
+
+def test_every_family_is_mapped_or_left_out_with_a_reason(metrics_server):
+    raw, _ = scrape(metrics_server.serve("/metrics", MP_SERVER.read_bytes()))
+    read = {name for rule in mapping_for("lmcache").rules for name in rule.match}
+    assert {s.name for s in raw} == read | set(NOT_MAPPED)
+    assert not read & set(NOT_MAPPED)
+
+
+def test_lookups_hits_evictions_and_moves_between_tiers_equal_the_raw_counters(metrics_server):
+    raw, normalized = scrape(metrics_server.serve("/metrics", MP_SERVER.read_bytes()))
+    got = {(s.name, s.labels): s.value for s in normalized}
+
+    def model(name: str, **labels: str) -> float:
+        return got[(name, tuple(sorted(labels.items())))]
+
+    prefix = "lmcache_mp_"
+    lookup = {"engine": "lmcache", "layer": "lmcache"}
+    assert model("kv.prefix.query.tokens", **lookup) == raw_value(raw, prefix + "lookup_requested_tokens_total")
+    hit = raw_value(raw, prefix + "lookup_hit_tokens_total")
+    assert model("kv.prefix.hit.tokens", **lookup) == hit == 2_560
+    l1_tokens = model("kv.prompt.cached.tokens", engine="lmcache", medium="host")
+    l2_tokens = model("kv.prompt.cached.tokens", engine="lmcache", medium="external")
+    assert l1_tokens == raw_value(raw, prefix + "lookup_hit_l1_tokens_total") == 1_536
+    assert l2_tokens == raw_value(raw, prefix + "lookup_hit_l2_tokens_total") == 1_024
+    assert l1_tokens + l2_tokens == hit  # LMCache's own invariant, per lookup
+    store = {"system": "lmcache"}
+    for tier in ("l1", "l2"):
+        assert model("kv.tier.hits", **store, tier=tier) == raw_value(raw, f"{prefix}lookup_hit_{tier}_keys_total")
+    assert model("kv.tier.evictions", **store, tier="l1") == raw_value(raw, prefix + "l1_evicted_chunks_total") == 12
+    assert model("kv.tier.evictions", **store, tier="l2") == raw_value(raw, prefix + "l2_evicted_objects_chunks_total")
+    moved = "kv.tier.transferred.blocks"
+    assert model(moved, **store, from_tier="l1", to_tier="l2") == raw_value(
+        raw, prefix + "l2_store_completed_objects_chunks_total"
+    )
+    assert model(moved, **store, from_tier="l2", to_tier="l1") == raw_value(
+        raw, prefix + "l2_prefetch_load_completed_chunks_total"
+    )
+    assert model("kv.store.put.ops", **store, tier="l2") == raw_value(
+        raw, prefix + "l2_store_completed_requests_total", l2_name="FSL2Adapter"
+    )
+    assert model("kv.store.get.ops", **store, tier="l2") == raw_value(raw, prefix + "l2_load_completed_requests_total")
+    assert len(got) == 12
+
+
+def test_the_target_s_labels_name_the_engine_and_the_store(metrics_server):
+    url = metrics_server.serve("/metrics", MP_SERVER.read_bytes())
+    _, normalized = scrape(url, labels={"engine": "vllm-a", "system": "lmcache-node1"})
+    assert {s.label_map.get("engine") for s in normalized if "engine" in s.label_map} == {"vllm-a"}
+    assert {s.label_map.get("system") for s in normalized if "system" in s.label_map} == {"lmcache-node1"}
+    _, only_engine = scrape(url, labels={"engine": "vllm-a"})  # the store keeps its default name
+    assert {s.label_map["system"] for s in only_engine if "system" in s.label_map} == {"lmcache"}
+
+
+def test_promtool_accepts_the_served_exposition(metrics_server, check_metrics):
+    target = {"name": "lmcache-a", "source": "lmcache", "url": metrics_server.serve("/metrics", MP_SERVER.read_bytes())}
+    text = served_exposition(parse_config({"exporter": {"listen_port": 0}, "targets": [target]}))
+    for name in ('kv_prefix_hit_tokens_total{engine="lmcache",layer="lmcache",',
+                 'kv_tier_transferred_blocks_total{from_tier="l1",system="lmcache",',
+                 'kv_tier_evictions_total{system="lmcache",target="lmcache-a",tier="l2"}'):  # fmt: skip
+        assert f"\n{name}" in text, name
+    check_metrics(text)
