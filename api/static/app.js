@@ -8,6 +8,14 @@
   const SVG_NS = "http://www.w3.org/2000/svg";
   const ARM_COLORS = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9"];
   const TIER_COLORS = ["#E69F00", "#56B4E9", "#009E73", "#CC79A7", "#999999", "#F0E442"];
+  // why prompt tokens missed (the A/B contract's miss_causes), in the order they stack
+  const MISS_CAUSES = {
+    cold: "#999999",
+    evicted: "#D55E00",
+    chain_broken: "#CC79A7",
+    not_admitted: "#0072B2",
+    elsewhere: "#009E73",
+  };
 
   const state = {
     tests: [], // GET /api/v1/ab
@@ -1030,9 +1038,71 @@
             el("dd", { class: bad ? "bad" : null, text: value }),
           ]),
         ),
+        missCauses(name, rows),
       );
     });
     fill("arm-cards", cards);
+  }
+
+  /** Why an arm's prompt tokens missed, round by round: a bar per round stacked by cause, each a share of the
+   * round's misses (hover: the tokens, evicted ones by tier); none for a real store, whose misses are unexplained. */
+  function missCauses(arm, rows) {
+    const explained = rows.filter((row) => row.miss_causes);
+    if (!explained.length) return null;
+    const width = 220;
+    const height = 48;
+    const step = width / explained.length;
+    const bars = explained.map((row, i) => {
+      const causes = row.miss_causes;
+      const total = sum(Object.keys(MISS_CAUSES).map((cause) => causes[cause] || 0));
+      let y = height;
+      const parts = Object.entries(MISS_CAUSES)
+        .filter(([cause]) => total && causes[cause])
+        .map(([cause, color]) => {
+          const h = (causes[cause] / total) * height;
+          y -= h;
+          const tiers = cause === "evicted" ? Object.entries(causes.evicted_by_tier || {}).filter(([, n]) => n) : [];
+          const by = tiers.length ? ` (${tiers.map(([tier, n]) => `${tier} ${fmtInt(n)}`).join(", ")})` : "";
+          return svg(
+            "rect",
+            { class: "miss-cause", "data-cause": cause, x: i * step, y, width: Math.max(step - 1, 1), height: h,
+              fill: color },
+            svg("title", { text: `round ${row.round}: ${cause} ${fmtInt(causes[cause])} tokens${by}` }),
+          );
+        });
+      return svg("g", { class: "miss-round", "data-round": row.round }, parts);
+    });
+    const totals = {};
+    for (const row of explained) {
+      for (const cause of Object.keys(MISS_CAUSES)) totals[cause] = (totals[cause] || 0) + (row.miss_causes[cause] || 0);
+    }
+    const all = sum(Object.values(totals));
+    return el(
+      "figure",
+      { class: "miss-causes", "data-arm": arm },
+      el("figcaption", { text: "missed tokens by cause, per round" }),
+      svg(
+        "svg",
+        { class: "miss-svg", width, height, viewBox: `0 0 ${width} ${height}`, preserveAspectRatio: "none", role: "img",
+          "aria-label": `why ${arm}'s prompt tokens missed, per round` },
+        bars,
+      ),
+      el(
+        "ul",
+        { class: "miss-legend" },
+        Object.entries(MISS_CAUSES)
+          .filter(([cause]) => totals[cause])
+          .map(([cause, color]) =>
+            el(
+              "li",
+              { "data-cause": cause },
+              svg("svg", { class: "swatch", width: 10, height: 10, "aria-hidden": "true" },
+                  svg("rect", { width: 10, height: 10, fill: color })),
+              `${cause} ${fmtPct(totals[cause] / all)}`,
+            ),
+          ),
+      ),
+    );
   }
 
   /** An arm's tiers, top first: name, capacity (its exact bytes on hover), eviction policy, backend; then the tiers

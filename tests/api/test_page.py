@@ -104,6 +104,11 @@ def test_page_shows_the_ab_chart_and_its_collapse_alert(server, tmp_path, requir
 
     cards = {card.attrs["data-arm"]: card.text() for card in dom.find_all() if "card" in card.classes}
     assert "excess recompute, last round" in cards["dram_only"] and "tokens/request" in cards["dram_only"], cards
+    figures = {figure.attrs["data-arm"]: figure for figure in dom.by_id("arm-cards").find("figure", "miss-causes")}
+    assert sorted(figures) == ["dram_only", "tiered"], "each arm's miss causes"
+    assert all(len(figure.find("g", "miss-round")) == finished["rounds"] for figure in figures.values())
+    causes = {rect.attrs["data-cause"] for rect in figures["dram_only"].find("rect", "miss-cause")}
+    assert {"cold", "evicted"} <= causes, causes  # new tokens every round, then the collapse's
 
     # it fired while the A/B ran (above) and resolved when the A/B ended: listed under its A/B as resolved
     groups = [g for g in dom.by_id("alerts").find("details", "alert-group") if g.attrs.get("data-ab") == ab]
