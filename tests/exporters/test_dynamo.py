@@ -5,6 +5,7 @@ normalized output (regenerate with KVSCOPE_UPDATE_GOLDEN=1 after a deliberate ma
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from collections import Counter
@@ -296,3 +297,79 @@ def test_a_real_vllm_worker_s_gauges_map_per_rank_and_its_usage_once(metrics_ser
     _, normalized, _ = scrape(metrics_server.serve("/dynamo-only", only_dynamo))
     usage = {s.label_map["engine"]: s.value for s in normalized if s.name == "kv.engine.cache.usage"}
     assert usage == {"0": 0.25, "1": 0.5}
+
+
+# ---- KVBM, Dynamo's KV block manager: a fixture rendered from Dynamo 1.6.1's names and KVBM's source ----
+KVBM = FIXTURES / "kvbm_rendered_v1.6.1_SYNTHETIC.txt"
+ROOT = FIXTURES.parents[2]
+KVBM_NOT_MAPPED = {
+    "kvbm_object_read_failures": "blocks whose object-storage read failed; the model has no failure count",
+    "kvbm_object_write_failures": "blocks whose object-storage write failed; the model has no failure count",
+}
+# Offload and onboard counters by the tiers a block left and entered (dynamo.prometheus_names.kvbm's comments).
+KVBM_MOVES = {
+    "kvbm_offload_blocks_d2h": ("gpu", "host"),
+    "kvbm_offload_blocks_h2d": ("host", "disk"),
+    "kvbm_offload_blocks_d2d": ("gpu", "disk"),
+    "kvbm_offload_blocks_d2o": ("gpu", "object"),
+    "kvbm_onboard_blocks_h2d": ("host", "gpu"),
+    "kvbm_onboard_blocks_d2d": ("disk", "gpu"),
+    "kvbm_onboard_blocks_o2d": ("object", "gpu"),
+}
+
+
+def test_kvbm_s_names_are_dynamo_s_own_and_every_family_is_mapped_or_left_out_with_a_reason(metrics_server):
+    # Dynamo's generated constants, pure Python: read from the Dynamo venv's copy where the Dynamo tests installed it.
+    names_file = ROOT / ".venv-dynamo" / "lib" / "python3.11" / "site-packages" / "dynamo" / "prometheus_names.py"
+    if not names_file.is_file():
+        pytest.skip(f"Dynamo 1.6.1's names are not installed ({names_file})")
+    spec = importlib.util.spec_from_file_location("dynamo_prometheus_names", names_file)
+    dynamo_names = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(dynamo_names)
+    raw, _, _ = scrape(metrics_server.serve("/kvbm", KVBM.read_bytes()), labels={"engine": "w0"})
+    found = {s.name for s in raw}
+    named = {f"kvbm_{value}" for key, value in vars(dynamo_names.kvbm).items() if key.isupper()}
+    assert found == named
+
+
+def test_every_kvbm_family_is_mapped_once_or_left_out_with_a_reason(metrics_server):
+    raw, _, collector = scrape(metrics_server.serve("/kvbm", KVBM.read_bytes()), labels={"engine": "w0"})
+    assert collector.take_read_errors() == []
+    found = {s.name for s in raw}
+    read = [name for rule in mapping_for("dynamo").rules for name in rule.match if name.startswith("kvbm_")]
+    assert len(read) == len(set(read))  # one rule per family
+    assert found == set(read) | set(KVBM_NOT_MAPPED)
+    assert len(found) == 15
+    assert {s.kind for s in raw if s.name.endswith("_hit_rate")} == {"gauge"}
+    assert {s.kind for s in raw if not s.name.endswith("_hit_rate")} == {"counter"}
+
+
+def test_kvbm_s_matched_tokens_moves_between_tiers_and_hit_ratios_equal_the_raw_values(metrics_server):
+    raw, normalized, _ = scrape(metrics_server.serve("/kvbm", KVBM.read_bytes()), labels={"engine": "w0"})
+    store = {"system": "kvbm:w0"}
+    assert model(normalized, "kv.prefix.hit.tokens", engine="w0", layer="kvbm") == raw_value(raw, "kvbm_matched_tokens")
+    for name, (from_tier, to_tier) in KVBM_MOVES.items():
+        moved = model(normalized, "kv.tier.transferred.blocks", **store, from_tier=from_tier, to_tier=to_tier)
+        assert moved == raw_value(raw, name) > 0, name
+    assert model(normalized, "kv.tier.written.bytes", **store, tier="object") == raw_value(
+        raw, "kvbm_offload_bytes_object"
+    )
+    assert model(normalized, "kv.tier.read.bytes", **store, tier="object") == raw_value(
+        raw, "kvbm_onboard_bytes_object"
+    )
+    for tier in ("host", "disk", "object"):
+        ratio = model(normalized, "kv.tier.hit.ratio", **store, tier=tier)
+        assert ratio == raw_value(raw, f"kvbm_{tier}_cache_hit_rate")
+        assert 0 < ratio < 1
+    assert len(normalized) == 1 + len(KVBM_MOVES) + 2 + 3
+
+
+def test_promtool_accepts_the_served_exposition_of_a_kvbm(metrics_server, check_metrics):
+    url = metrics_server.serve("/kvbm", KVBM.read_bytes())
+    target = {"name": "kvbm-w0", "source": "dynamo", "url": url, "labels": {"engine": "w0"}}
+    text = served_exposition(parse_config({"exporter": {"listen_port": 0}, "targets": [target]}))
+    for name in ('kv_tier_transferred_blocks_total{from_tier="gpu",system="kvbm:w0",target="kvbm-w0",to_tier="host"}',
+                 'kv_tier_hit_ratio{system="kvbm:w0",target="kvbm-w0",tier="disk"}',
+                 'kv_prefix_hit_tokens_total{engine="w0",layer="kvbm",target="kvbm-w0"}'):  # fmt: skip
+        assert f"\n{name}" in text, name
+    check_metrics(text)
