@@ -156,6 +156,22 @@ def test_media_criteria_pass_on_the_recorded_real_vllm_and_mooncake_series(real_
     assert all(document["passed"] for document in documents.values())
     written = {row["tier"]: row["written"] for row in documents["both_tiers_written"]["observed"]}
     assert written["dram"] > 0 and written["ssd"] > 0
+    # Token accounting on the same recordings: each arm's vLLM engine, its prompt tokens served through Mooncake,
+    # has every prompt token from exactly one source (computed, its prefix cache, the store through the connector).
+    for name in ("dram_only", "tiered"):
+        run, verdict_file = f"vllm_mooncake_media_parity/{name}", tmp_path / f"tokens_{name}.json"
+        arguments = ["verify", "--db", str(db), "--criteria", str(ROOT / "criteria" / "tokens.yaml"), "--run", run,
+                     "--json", str(verdict_file)]  # fmt: skip
+        verified = CliRunner().invoke(app, arguments)
+        assert verified.exit_code == 0, verified.output
+        answer = json.loads(verdict_file.read_text())
+        assert answer["errors"] == []
+        (verdict,) = answer["verdicts"]
+        document = verdict["document"]
+        assert document["criterion"]["name"] == "tokens_conserved" and document["passed"], document
+        (row,) = document["observed"]  # the arm's one vLLM engine: the only group with kv.engine.prompt.tokens
+        assert row["group"] == "0" and row["total"] > 0 and row["difference"] == 0, row
+        assert all(f"{source}=" in row["sources"] for source in ("computed", "external", "gpu")), row
 
 
 def test_sigkill_of_ab_run_mid_run_leaves_no_vllm_or_mooncake_process_and_no_port(real_stack, tmp_path):
