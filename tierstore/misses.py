@@ -21,8 +21,8 @@ block ever given up, set by C loops on the eviction paths); a block neither held
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
-from itertools import islice
+from collections.abc import Hashable, Iterable, Sequence
+from itertools import filterfalse
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -57,25 +57,25 @@ class MissLedger:
 
     def classify(self, keys: Sequence[Key], first_miss: int, hittable: int, prompt_tokens: int) -> None:
         """Give a cause to each prompt token of a request from block `first_miss` on (its hits end there); blocks
-        past `hittable` and the tokens past its full blocks are `cold`: no cache serves them."""
-        block, tokens, fates, indexes = self.block_tokens, self.tokens, self.fates, self._indexes
-        cold = prompt_tokens - max(hittable, first_miss) * block
-        broken = refused = 0
-        evicted = self.evicted_tokens
-        for key in islice(keys, first_miss, hittable):
-            if any(key in index for index in indexes):
-                broken += block
-                continue
-            fate = fates.get(key)
-            if fate is None:
-                cold += block
-            elif fate is NOT_ADMITTED:
-                refused += block
-            else:
-                evicted[fate] += block  # type: ignore[index]  # a tier's name
-        tokens["cold"] += cold
-        tokens["chain_broken"] += broken
-        tokens["not_admitted"] += refused
+        past `hittable` and the tokens past its full blocks are `cold`: no cache serves them. Each step is a C loop
+        over the missed blocks (membership, the fates, their tally): no Python step per block."""
+        block, tokens = self.block_tokens, self.tokens
+        tokens["cold"] += prompt_tokens - max(hittable, first_miss) * block
+        missed = keys[first_miss:hittable]
+        if not missed:
+            return
+        absent: Iterable[Key] = missed
+        for index in self._indexes:
+            absent = filterfalse(index.__contains__, absent)
+        fates = list(map(self.fates.get, absent))
+        cold, refused = fates.count(None), fates.count(NOT_ADMITTED)
+        tokens["chain_broken"] += (len(missed) - len(fates)) * block
+        tokens["cold"] += cold * block
+        tokens["not_admitted"] += refused * block
+        if len(fates) > cold + refused:  # evicted: counted per tier (a tier's name is one object, found by identity)
+            evicted = self.evicted_tokens
+            for tier in evicted:
+                evicted[tier] += fates.count(tier) * block
 
     def snapshot(self) -> dict:
         """The causes so far, in tokens: each cause, and `evicted_by_tier`."""
