@@ -189,7 +189,7 @@ class ArmRun:
             ENGINES.publish(published_as, self.engine)
         self._rounds = enumerate(make_workload(scenario).rounds())
         self._last = self._snapshot(self.store.counters())
-        self._last_misses = self.engine.misses.snapshot() if self.engine.misses else None
+        self._first_misses = self._last_misses = self.engine.misses.snapshot() if self.engine.misses else None
         self.rows: list[dict] = []
         self.seconds = {"start": time.monotonic() - started, "rounds": 0.0}  # wall time: store start-up, serving
 
@@ -234,7 +234,7 @@ class ArmRun:
             "store": self.store.report(),
             "wall_s": dict(self.seconds),
             "rounds": self.rows,
-            "totals": arm_totals(self.rows, self._last, self._last_misses),
+            "totals": arm_totals(self.rows, self._last, self._run_misses()),
             "prediction": self.plan.arm_json(self.name),
             "observed_collapse_round": observed_collapse_round(self.rows, self.scenario.prediction.collapse_tolerance),
         }
@@ -244,6 +244,12 @@ class ArmRun:
 
     def close(self) -> None:
         self.store.close()
+
+    def _run_misses(self) -> dict | None:
+        """The miss causes of the rounds served so far (None for a store whose misses are not classified)."""
+        if self._first_misses is None or self._last_misses is None:
+            return None
+        return causes_between(self._first_misses, self._last_misses)
 
     def _snapshot(self, store_counters: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
         gpu = self.engine.gpu_cache

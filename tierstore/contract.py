@@ -53,7 +53,9 @@ class MissCauses(_Open):
     )
     not_admitted: Count = Field(description="a put of it was refused (no room, no retry) and nothing stored it since")
     elsewhere: Count = Field(description="held by another engine's cache (one engine per arm: always 0)")
-    evicted_by_tier: dict[str, Count] = Field(description="evicted tokens by the tier that evicted the block last")
+    evicted_by_tier: dict[str, Count] = Field(
+        description="evicted tokens by the tier that evicted the block last (tiers that evicted none left out)"
+    )
 
 
 class Round(_Open):

@@ -84,10 +84,12 @@ class MissLedger:
 
 
 def causes_between(before: dict, after: dict) -> dict:
-    """The miss causes of what was served between two snapshots (a round's)."""
+    """The miss causes of what was served between two snapshots (a round's, a run's); `evicted_by_tier` names only
+    the tiers that evicted some (a row stays small however many tiers an arm has)."""
     delta = {cause: after[cause] - before[cause] for cause in CAUSES}
-    by_tier = after["evicted_by_tier"]
-    delta["evicted_by_tier"] = {tier: tokens - before["evicted_by_tier"][tier] for tier, tokens in by_tier.items()}
+    earlier = before["evicted_by_tier"]
+    by_tier = {tier: tokens - earlier[tier] for tier, tokens in after["evicted_by_tier"].items()}
+    delta["evicted_by_tier"] = {tier: tokens for tier, tokens in by_tier.items() if tokens}
     return delta
 
 

@@ -123,12 +123,12 @@ def test_the_causes_add_up_to_the_misses_in_every_round(path: Path):
         for row in arm["rounds"]:
             mc = row["miss_causes"]
             assert sum(mc[cause] for cause in CAUSES) == row["query_tokens"] - row["hit_tokens"], (name, row["round"])
-            assert mc["evicted"] == sum(mc["evicted_by_tier"].values())
+            assert mc["evicted"] == sum(mc["evicted_by_tier"].values()) and all(mc["evicted_by_tier"].values())
             assert mc["elsewhere"] == 0
         totals = arm["totals"]["miss_causes"]
         assert totals == {cause: sum(row["miss_causes"][cause] for row in arm["rounds"]) for cause in CAUSES} | {
             "evicted_by_tier": {
-                tier: sum(row["miss_causes"]["evicted_by_tier"][tier] for row in arm["rounds"])
+                tier: sum(row["miss_causes"]["evicted_by_tier"].get(tier, 0) for row in arm["rounds"])
                 for tier in totals["evicted_by_tier"]
             }
         }
