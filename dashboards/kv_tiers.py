@@ -1,7 +1,8 @@
 """KV tiers: where prefix-cache hits come from, what each medium stores, how full it is, and the collapse signs.
 
 Read top to bottom it follows the phenomenon of docs/design.md, 'The hit-rate collapse': the hit ratio per engine
-and layer (against its ideal where the model knows it), the tokens each layer serves, the bytes put, written and
+and layer (against its ideal where the model knows it), the tokens each layer serves, per engine where its prompt
+tokens came from (stacked by source) and why the computed ones missed (by cause), the bytes put, written and
 read per tier, occupancy against capacity with the headroom left before a tier must evict, evictions, and write
 amplification, which jumps when evicted chain heads are recomputed and rewritten.
 
@@ -105,6 +106,36 @@ def build() -> dashboard.Dashboard:
             ],
             axis_label="tokens/s",
             stacked=True,
+        ),
+    )
+
+    board.row("Where prompt tokens came from and why they missed").panels(
+        timeseries_panel(
+            "$engine: where prompt tokens came from",
+            "Prompt tokens per second by where their KV came from (kv.prompt.tokens, 5 min rates): computed "
+            "(prefilled), gpu (the engine's own prefix cache), host, storage or external (the tiers behind it, as "
+            "the engine names them), cached (a hit the engine does not attribute). The stack is every prompt token; "
+            "a tier whose band stays thin while it is written (Bytes written per tier) is not paying off. One "
+            "panel per engine.",
+            "short",
+            [Query(f"target_engine_source:kv_prompt_tokens:rate5m{{{ENGINES}}}", "{{target}} {{source}}")],
+            axis_label="tokens/s",
+            stacked=True,
+            repeat="engine",
+        ),
+        timeseries_panel(
+            "$engine: why tokens missed",
+            "The computed prompt tokens per second by why they missed (kv.miss.tokens, 5 min rates): cold (never "
+            "stored), evicted (stored, then evicted: split by the tier that evicted the block last), chain_broken "
+            "(stored, but behind a block of its chain that is gone), not_admitted (a put the store refused), "
+            "elsewhere (held by another engine). The stack is the computed band of the panel beside it. Evicted and "
+            "chain_broken growing while cold does not is the collapse; a real engine does not classify its misses "
+            "(the embedded store's A/B arms do).",
+            "short",
+            [Query(f"target_engine_cause_tier:kv_miss_tokens:rate5m{{{ENGINES}}}", "{{target}} {{cause}} {{tier}}")],
+            axis_label="tokens/s",
+            stacked=True,
+            repeat="engine",
         ),
     )
 

@@ -607,6 +607,32 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(
         }
         assert all(rate > 0 for rate in preempted.values()), preempted
 
+        # Where the arms' prompt tokens came from and why they missed, as the new panels read them (the service
+        # publishes every cause from the first scrape, 0 included; evicted ones name the tier). The counters of one
+        # scrape (rates extrapolate each series' window edges apart): the sources add up to the tokens each engine
+        # looked up (its gpu layer's queries) and the causes to its computed source, within a request's tokens (the
+        # A/B runs while they are read); the DRAM-only arm, collapsed by now, missed tokens it had stored.
+        for arm in ("dram_only", "tiered"):
+            engine = f'target="tierstore", engine="{ab}/{arm}"'
+            rates = by_labels(f"target_engine_source:kv_prompt_tokens:rate5m{{{engine}}}")
+            assert {dict(labels)["source"] for labels in rates} >= {"computed", "gpu"}, rates
+            causes = by_labels(f"target_engine_cause_tier:kv_miss_tokens:rate5m{{{engine}}}")
+            assert {dict(labels)["cause"] for labels in causes} >= {"cold", "chain_broken", "not_admitted"}, causes
+            assert all(dict(labels).get("tier") for labels in causes if dict(labels)["cause"] == "evicted"), causes
+
+            def total(expr: str) -> float:
+                (sample,) = at_end(expr)
+                return float(sample["value"][1])
+
+            sources = total(f"sum(kv_prompt_tokens_total{{{engine}}})")
+            looked_up = total(f'sum(kv_prefix_query_tokens_total{{{engine}, layer="gpu"}})')
+            assert sources == pytest.approx(looked_up, rel=0.01), arm
+            computed = total(f'sum(kv_prompt_tokens_total{{{engine}, source="computed"}})')
+            assert total(f"sum(kv_miss_tokens_total{{{engine}}})") == pytest.approx(computed, rel=0.01), arm
+            if arm == "dram_only":
+                stored_once = total(f'sum(kv_miss_tokens_total{{{engine}, cause=~"evicted|chain_broken"}})')
+                assert stored_once > 0, causes
+
         while (test := progress())["status"] == "running":  # verdicts come when it ends
             assert time.monotonic() < deadline, "the A/B did not finish"
             time.sleep(0.25)
