@@ -47,6 +47,8 @@ COLLAPSE = "KVCacheHitRateCollapse"
 IMMINENT = "KVCacheCollapseImminent"
 PREDICTED = "KVCacheCollapsePredicted"
 FABRIC_SATURATED = "KVFabricSaturated"
+OFFLOAD_NOT_PAYING = "KVOffloadNotPayingOff"
+ROUTER_OVERESTIMATES = "KVRouterOverestimates"
 
 RULES: dict[str, AlertRule] = {
     rule.name: rule
@@ -100,6 +102,33 @@ RULES: dict[str, AlertRule] = {
                 "ttft_rise_window_s": 900.0,
                 "for_s": 300.0,
             },
+        ),
+        AlertRule(
+            OFFLOAD_NOT_PAYING,
+            "warning",
+            "a KV tier behind the engines' own caches keeps storing while serving almost none of the hits: per store "
+            "system and tier (not the engines' gpu caches; summed over the targets that report it, since one client "
+            "may read what another stored), the bytes read from the medium over `rate_window_s` are below "
+            "`read_share` x the bytes written to it while it is written faster than `written_floor_mib_per_s` MiB/s, "
+            "held for `for_s`. Read over written is how often a stored block is loaded back on average: below "
+            "`read_share` fewer than 1 block in 20 is, and the tier's write bandwidth and capacity (and the blocks "
+            "its writes evict) buy almost nothing. The window is long because a tier's hits come when sessions "
+            "return, minutes after the write; a tier exporting no read bytes is not judged. Raised by Prometheus "
+            "only (the service does not evaluate it)",
+            {"read_share": 0.05, "written_floor_mib_per_s": 1.0, "rate_window_s": 3600.0, "for_s": 1800.0},
+        ),
+        AlertRule(
+            ROUTER_OVERESTIMATES,
+            "warning",
+            "a KV router that overestimates the workers' caches: per frontend (`target`), model and routing phase, "
+            "the cached tokens the workers served (the frontend's responses) over the cached prefix the router "
+            "expected on the workers it chose, both over `rate_window_s`, below `served_over_expected` while it "
+            "expects more than `min_expected_tokens_per_s` cached tokens a second, held for `for_s`. The router "
+            "counts when it routes and the frontend when a request completes, so a healthy index sits near 1 (the "
+            "requests in flight at the window's edges apart); below `served_over_expected` the router counts on at "
+            "least twice what the workers still hold, routes for hits that are recomputed, and its load balance is "
+            "off by as much. Raised by Prometheus only (the service does not evaluate it)",
+            {"served_over_expected": 0.5, "min_expected_tokens_per_s": 10.0, "rate_window_s": 300.0, "for_s": 900.0},
         ),
     )
 }

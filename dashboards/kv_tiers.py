@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.models import dashboard
 
+from kvscope.api.alerts import ROUTER_OVERESTIMATES, RULES
 from kvscope.dashboards.common import (
     COLLAPSE_WATERMARK,
     Board,
@@ -32,6 +33,7 @@ from kvscope.dashboards.common import (
 )
 
 UID = "kvscope-kv-tiers"
+_OVERESTIMATES = RULES[ROUTER_OVERESTIMATES].thresholds  # the alert's one definition
 
 ENGINES = 'engine=~"$engine"'
 MEDIA = 'system=~"$system", tier=~"$tier"'
@@ -115,8 +117,8 @@ def build() -> dashboard.Dashboard:
             "Prompt tokens per second by where their KV came from (kv.prompt.tokens, 5 min rates): computed "
             "(prefilled), gpu (the engine's own prefix cache), host, storage or external (the tiers behind it, as "
             "the engine names them), cached (a hit the engine does not attribute). The stack is every prompt token; "
-            "a tier whose band stays thin while it is written (Bytes written per tier) is not paying off. One "
-            "panel per engine.",
+            "a tier whose band stays thin while it is written (Bytes written per tier) is not paying off "
+            "(KVOffloadNotPayingOff). One panel per engine.",
             "short",
             [Query(f"target_engine_source:kv_prompt_tokens:rate5m{{{ENGINES}}}", "{{target}} {{source}}")],
             axis_label="tokens/s",
@@ -285,7 +287,9 @@ def build() -> dashboard.Dashboard:
             "Cached prefix tokens the router expected on the workers it chose over the prompt tokens it routed (5 min "
             "rates): where no engine exports prefix-cache counters, KVCacheHitRateCollapse fires when it falls below "
             "half its peak of the last hour while the workers' stored KV events do not fall. Served over expected: "
-            "the cached tokens the workers served over what the router expected on them (1 while its index holds).",
+            "the cached tokens the workers served over what the router expected on them (1 while its index holds; "
+            f"KVRouterOverestimates fires below {_OVERESTIMATES['served_over_expected']:g} for "
+            f"{_OVERESTIMATES['for_s'] / 60:g} minutes).",
             "percentunit",
             [
                 Query(f"target_router_phase:kv_router_prefix_hit_ratio:rate5m{{{ROUTERS}}}", f"{ROUTER} hit ratio"),

@@ -12,7 +12,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvscope.api.alerts import COLLAPSE, FABRIC_SATURATED, IMMINENT, RULES
+from kvscope.api.alerts import (
+    COLLAPSE,
+    FABRIC_SATURATED,
+    IMMINENT,
+    OFFLOAD_NOT_PAYING,
+    ROUTER_OVERESTIMATES,
+    RULES,
+)
 from kvscope.model import INSTRUMENTS, prometheus_name
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,6 +37,8 @@ EXPECTED_ALERTS = {
     "TierWritesMissing",
     "KVScopeTargetDown",
     "KVFabricSaturated",
+    "KVOffloadNotPayingOff",
+    "KVRouterOverestimates",
 }
 # Series kvscope publishes besides the KV-tier model (exporters/otel.py) and what Prometheus makes itself.
 SELF_METRICS = {
@@ -78,10 +87,10 @@ def test_amtool_check_config(require_real):
 # ------------------------------------------------------------------------------------------- what they don't check
 
 
-def test_the_six_alerts_are_there_with_the_service_s_names():
+def test_the_eight_alerts_are_there_with_the_service_s_names():
     assert set(ALERTS) == EXPECTED_ALERTS
     # The service raises the same names in-process (api/alerts.py, api/clusterwatch.py): one meaning, one name.
-    assert {COLLAPSE, IMMINENT, FABRIC_SATURATED} <= set(ALERTS)
+    assert {COLLAPSE, IMMINENT, FABRIC_SATURATED, OFFLOAD_NOT_PAYING, ROUTER_OVERESTIMATES} <= set(ALERTS)
 
 
 def test_prometheus_loads_both_rule_files():
@@ -227,12 +236,35 @@ def test_the_collapse_rules_use_the_numbers_of_the_alert_definitions():
         f"role:kv_engine_ttft_seconds:p90_rate{rate} offset {_prometheus_duration(saturated['ttft_rise_window_s'])} )"
     ) in expr
     assert ALERTS[FABRIC_SATURATED]["for"] == _prometheus_duration(saturated["for_s"])
+    offload = RULES[OFFLOAD_NOT_PAYING].thresholds
+    expr = " ".join(ALERTS[OFFLOAD_NOT_PAYING]["expr"].split())
+    rate = _prometheus_duration(offload["rate_window_s"])
+    assert "system_tier:kv_tier_read_over_written_bytes:ratio_rate" + rate in expr
+    assert f'ratio_rate{rate}{{tier!="gpu"}} < {offload["read_share"]:g} )' in expr
+    floor = round(offload["written_floor_mib_per_s"] * 2**20)  # MiB/s in RULES, bytes/s in the rule
+    assert f"system_tier:kv_tier_written_bytes:rate{rate} > {floor} )" in expr
+    assert ALERTS[OFFLOAD_NOT_PAYING]["for"] == _prometheus_duration(offload["for_s"])
+    router = RULES[ROUTER_OVERESTIMATES].thresholds
+    expr = " ".join(ALERTS[ROUTER_OVERESTIMATES]["expr"].split())
+    rate = _prometheus_duration(router["rate_window_s"])
+    assert f"target_model_phase:kv_router_prefix_served:ratio_rate{rate} < {router['served_over_expected']:g} )" in expr
+    assert (
+        f"target_model_phase:kv_router_selected_prefix_tokens:rate{rate} > {router['min_expected_tokens_per_s']:g} )"
+    ) in expr
+    assert ALERTS[ROUTER_OVERESTIMATES]["for"] == _prometheus_duration(router["for_s"])
     sections = _runbook_sections()
-    for name, numbers in ((COLLAPSE, collapse), (IMMINENT, imminent), (FABRIC_SATURATED, saturated)):
+    for name, numbers in (
+        (COLLAPSE, collapse),
+        (IMMINENT, imminent),
+        (FABRIC_SATURATED, saturated),
+        (OFFLOAD_NOT_PAYING, offload),
+        (ROUTER_OVERESTIMATES, router),
+    ):
         assert ALERTS[name]["labels"]["severity"] == RULES[name].severity
         assert ALERTS[name]["annotations"]["runbook_url"] == RULES[name].runbook_url
         text = " ".join(sections[RULES[name].runbook_url.partition("#")[2]]["text"].split())
         fires_when = text.partition("**Fires when**")[2].partition("**What it means.**")[0]
         for key, value in numbers.items():
-            spelled = _spoken(value) if key.endswith("_s") else f"{value:g}"
+            duration = key.endswith("_s") and not key.endswith("_per_s")  # a rate per second is no duration
+            spelled = _spoken(value) if duration else f"{value:g}"
             assert spelled in fires_when, f"{name}: the runbook's 'Fires when' does not say {key} = {spelled}"
