@@ -77,6 +77,7 @@ class _Bookkeeping:
     recording can be cut into rounds and held against the ideal (the engine's own counters come from vLLM)."""
 
     gpu_cache = None
+    misses = None  # a real engine's misses are not classified from the embedded store's view
 
     def __init__(self) -> None:
         self.counters = EngineCounters()
