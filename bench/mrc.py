@@ -19,41 +19,17 @@ import os
 import shlex
 import sys
 import time
-from collections import OrderedDict
-from collections.abc import Sequence
 from pathlib import Path
 from statistics import median
 
-from kvscope.tierstore.mrc import arm_tiers, replay_store, stack_distances
+from kvscope.tierstore.mrc import arm_tiers, lru_replay, replay_store, stack_distances
 from kvscope.tierstore.scenario import load_scenario
-from kvscope.tierstore.workloads import Request, make_workload
+from kvscope.tierstore.workloads import make_workload
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACE_SCENARIO = ROOT / "examples" / "trace.yaml"
 GOAL_PER_S = 1e6
 EQUALITY_CAPACITIES = (100, 2_000, 20_000, 44_338, 120_000)  # blocks; 44,338 is the arms' 2 TB DRAM tier
-
-
-def lru_replay(rounds: Sequence[Sequence[Request]], block_tokens: int, capacity: int) -> list[int]:
-    """The anchor: prefix hits per round of an OrderedDict LRU of `capacity` blocks, every named block refreshed."""
-    cache: OrderedDict = OrderedDict()
-    per_round = []
-    for requests in rounds:
-        hits = 0
-        for request in requests:
-            for key in request.keys[: min(len(request.keys), (request.prompt_tokens - 1) // block_tokens)]:
-                if key not in cache:
-                    break
-                hits += 1
-            for key in [*request.keys, *request.output_keys]:
-                if key in cache:
-                    cache.move_to_end(key)
-                else:
-                    cache[key] = None
-                    if len(cache) > capacity:
-                        cache.popitem(last=False)
-        per_round.append(hits)
-    return per_round
 
 
 def main(argv: list[str] | None = None) -> int:

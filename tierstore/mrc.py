@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import chain, pairwise
@@ -155,6 +156,30 @@ def stack_distances(rounds: Iterable[Sequence[Request]], block_tokens: int) -> S
 
 SHARES = (0.5, 0.9, 0.99)  # of the infinite tier's hits: the capacities reported as what the workload needs
 CHECKED_SHARES = (0.25, 0.5, 0.75, 0.9)  # where each policy is replayed on the store, besides the arms' capacities
+
+
+def lru_replay(rounds: Sequence[Sequence[Request]], block_tokens: int, capacity: int) -> list[int]:
+    """Per round, the prefix hits of a textbook LRU of `capacity` blocks (an OrderedDict in which every block a
+    request names, prompt then output, becomes the most recent): what the one-pass curve equals at that capacity,
+    replayed one capacity at a time (the tests' reference, the bench's anchor)."""
+    cache: OrderedDict = OrderedDict()
+    per_round = []
+    for requests in rounds:
+        hits = 0
+        for request in requests:
+            for key in request.keys[: min(len(request.keys), (request.prompt_tokens - 1) // block_tokens)]:
+                if key not in cache:
+                    break
+                hits += 1
+            for key in [*request.keys, *request.output_keys]:
+                if key in cache:
+                    cache.move_to_end(key)
+                else:
+                    cache[key] = None
+                    if len(cache) > capacity:
+                        cache.popitem(last=False)
+        per_round.append(hits)
+    return per_round
 
 
 @dataclass(frozen=True, slots=True)

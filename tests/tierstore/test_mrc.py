@@ -4,43 +4,18 @@ the store's own policies replayed where the curve is read."""
 from __future__ import annotations
 
 import json
-from collections import OrderedDict
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from kvscope.cli import app
-from kvscope.tierstore.mrc import capacity_grid, miss_ratio_curve, replay_store, stack_distances
+from kvscope.tierstore.mrc import capacity_grid, lru_replay, miss_ratio_curve, replay_store, stack_distances
 from kvscope.tierstore.scenario import load_scenario, parse_scenario
 from kvscope.tierstore.workloads import Request, make_workload
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 FIVE_CAPACITIES = (1, 37, 150, 260, 400)
-
-
-def textbook_lru_hits(rounds: Sequence[Sequence[Request]], block_tokens: int, capacity: int) -> list[int]:
-    """Per round, the prefix hits of an OrderedDict LRU of `capacity` blocks in which every block a request names
-    (prompt, then output) becomes the most recent: the per-capacity run the curve must equal."""
-    cache: OrderedDict = OrderedDict()
-    per_round = []
-    for requests in rounds:
-        hits = 0
-        for request in requests:
-            for key in request.keys[: min(len(request.keys), (request.prompt_tokens - 1) // block_tokens)]:
-                if key not in cache:
-                    break
-                hits += 1
-            for key in [*request.keys, *request.output_keys]:
-                if key in cache:
-                    cache.move_to_end(key)
-                else:
-                    cache[key] = None
-                    if len(cache) > capacity:
-                        cache.popitem(last=False)
-        per_round.append(hits)
-    return per_round
 
 
 def requests(*chains: list[str], prompt_tokens: int = 100) -> list[list[Request]]:
@@ -88,7 +63,7 @@ def test_the_curve_equals_per_capacity_lru_runs_of_a_multi_round_chat_in_every_r
     rounds = [list(r) for r in make_workload(scenario).rounds()]
     distances = stack_distances(rounds, scenario.block_tokens)
     for capacity in FIVE_CAPACITIES:
-        assert distances.hit_blocks(capacity) == textbook_lru_hits(rounds, scenario.block_tokens, capacity)
+        assert distances.hit_blocks(capacity) == lru_replay(rounds, scenario.block_tokens, capacity)
     assert 0 < sum(distances.hit_blocks(150)) < sum(distances.hit_blocks(400))  # the capacities tell apart
 
 
@@ -98,7 +73,7 @@ def test_the_curve_equals_per_capacity_lru_runs_of_the_conversation_trace():
     rounds = [list(r) for r in make_workload(scenario).rounds()]
     distances = stack_distances(rounds, scenario.block_tokens)
     for capacity in (10, 300, 3_000, 12_000, distances.distinct_blocks):
-        assert distances.hit_blocks(capacity) == textbook_lru_hits(rounds, scenario.block_tokens, capacity)
+        assert distances.hit_blocks(capacity) == lru_replay(rounds, scenario.block_tokens, capacity)
     assert sum(distances.hit_blocks(10)) < sum(distances.hit_blocks(12_000))
 
 
@@ -115,7 +90,7 @@ def test_the_stores_lru_is_no_stack_algorithm_and_its_gap_is_measured():
     )
     rounds = requests(["a", "b"], ["c"], ["a", "b"], ["a", "b"], prompt_tokens=3)
     assert replay_store(scenario, "lru", 2, rounds) == [1]
-    assert stack_distances(rounds, 1).hit_blocks(2) == [2] == textbook_lru_hits(rounds, 1, 2)
+    assert stack_distances(rounds, 1).hit_blocks(2) == [2] == lru_replay(rounds, 1, 2)
 
 
 def test_the_scenario_curve_replays_each_arms_policy_at_its_capacity():
