@@ -16,7 +16,7 @@ from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from support.realservers import scrape_once, served_exposition
-from support.scrape import collect_once
+from support.scrape import collect_once, raw_value
 
 from kvscope.exporters.config import parse_config
 from kvscope.exporters.dynamo import INSTANCE_LABEL, DynamoCollector, instance_id_samples
@@ -42,12 +42,6 @@ def served(metrics_server, capture: str) -> tuple[list[Sample], list[Sample]]:
     raw, normalized, collector = scrape(metrics_server.serve(f"/{capture}", (FIXTURES / capture).read_bytes()))
     assert collector.take_read_errors() == []
     return raw, normalized
-
-
-def raw_value(raw: list[Sample], name: str, **labels: str) -> float:
-    matching = [s.value for s in raw if s.name == name and all(s.label_map.get(k) == v for k, v in labels.items())]
-    assert matching, (name, labels)
-    return sum(matching)
 
 
 def model(normalized: list[Sample], name: str, **labels: str) -> float:

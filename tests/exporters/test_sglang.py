@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from support.realservers import served_exposition
-from support.scrape import collect_once
+from support.scrape import collect_once, raw_value
 
 from kvscope.exporters.config import parse_config
 from kvscope.exporters.normalizer import mapping_for
@@ -31,10 +31,6 @@ def scrape(url: str, **extra):
     config = parse_config({"targets": [{"name": "sglang-a", "source": "sglang", "url": url, **extra}]}).targets[0]
     raw = collect_once(SglangCollector(config))
     return raw, mapping_for("sglang").apply(raw, config.labels)
-
-
-def raw_value(raw, name: str, **labels: str) -> float:
-    return sum(s.value for s in raw if s.name == name and all(s.label_map.get(k) == v for k, v in labels.items()))
 
 
 def test_every_family_is_mapped_or_left_out_with_a_reason(metrics_server):

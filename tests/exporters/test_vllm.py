@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
-from support.scrape import collect_once
+from support.scrape import collect_once, raw_value
 
 from kvscope.exporters.base import CollectError
 from kvscope.exporters.config import parse_config
@@ -148,10 +148,6 @@ REAL = FIXTURES / "real-cpu-0.32"
 GOLDEN = REAL / "normalized.golden.json"
 
 
-def _raw_value(raw, name: str, **labels: str) -> float:
-    return sum(s.value for s in raw if s.name == name and all(s.label_map.get(k) == v for k, v in labels.items()))
-
-
 def _golden_form(normalized) -> list[dict]:
     return sorted(({"name": s.name, "labels": s.label_map, "value": s.value} for s in normalized), key=json.dumps)
 
@@ -169,18 +165,18 @@ def test_real_vllm_0_32_captures_map_every_kv_family(metrics_server, capture):
 
     for vllm_source, source in (("local_compute", "computed"), ("local_cache_hit", "gpu"),
                                 ("external_kv_transfer", "external")):  # fmt: skip
-        assert model("kv.prompt.tokens", source=source) == _raw_value(
+        assert model("kv.prompt.tokens", source=source) == raw_value(
             raw, "vllm:prompt_tokens_by_source_total", source=vllm_source
         )
-    prompt = _raw_value(raw, "vllm:prompt_tokens_total")
+    prompt = raw_value(raw, "vllm:prompt_tokens_total")
     assert sum(v for (name, _), v in got.items() if name == "kv.prompt.tokens") == prompt > 0
     assert got[("kv.engine.prompt.tokens", engine)] == prompt
     assert model("kv.prefix.query.tokens", layer="gpu") == prompt
     assert model("kv.prompt.tokens", source="gpu") == model("kv.prefix.hit.tokens", layer="gpu")
-    assert model("kv.prompt.cached.tokens", medium="gpu") == _raw_value(
+    assert model("kv.prompt.cached.tokens", medium="gpu") == raw_value(
         raw, "vllm:prompt_tokens_cached_by_source_total", source="device"
     )
-    assert got[("kv.engine.preemptions", engine)] == _raw_value(raw, "vllm:num_preemptions_total")
+    assert got[("kv.engine.preemptions", engine)] == raw_value(raw, "vllm:num_preemptions_total")
     assert model("kv.prefix.capacity.tokens", layer="gpu") == 40 * 32  # --num-gpu-blocks-override 40, blocks of 32
     # Every TTFT and prompt-length bucket, as the engine counted it; a target that names no role gets role "".
     for histogram, instrument in (("vllm:time_to_first_token_seconds", "kv.engine.ttft.requests"),
@@ -188,14 +184,14 @@ def test_real_vllm_0_32_captures_map_every_kv_family(metrics_server, capture):
         bounds = {s.label_map["le"] for s in raw if s.name == f"{histogram}_bucket"}
         assert "+Inf" in bounds and len(bounds) > 5
         for le in bounds:
-            assert model(instrument, role="", upper_bound=le) == _raw_value(raw, f"{histogram}_bucket", le=le)
-        assert model(instrument, role="", upper_bound="+Inf") == _raw_value(raw, f"{histogram}_count") > 0
+            assert model(instrument, role="", upper_bound=le) == raw_value(raw, f"{histogram}_bucket", le=le)
+        assert model(instrument, role="", upper_bound="+Inf") == raw_value(raw, f"{histogram}_count") > 0
     if "mooncake" in capture:  # the connector's saves and loads, counted by the engine's own Mooncake client
         store = (("system", "mooncake"), ("tier", "dram"))
         assert (
             got[("kv.store.put.bytes", store)]
             == 3_473_408
-            == _raw_value(raw, "vllm:mooncake_store_operation_bytes_total", operation="save_put")
+            == raw_value(raw, "vllm:mooncake_store_operation_bytes_total", operation="save_put")
         )
         assert got[("kv.store.put.ops", store)] == 48 and got[("kv.store.get.ops", store)] == 33
         assert got[("kv.store.get.bytes", store)] == 8_421_376

@@ -9,6 +9,14 @@ from kvscope.exporters.base import Collector
 from kvscope.samples import Sample
 
 
+def raw_value(raw: list[Sample], name: str, **labels: str) -> float:
+    """The sum of the raw samples named `name` whose labels include `labels`: what a mapped series adds up. None
+    matching is a mistake in the test (a name or label that is not there), not 0."""
+    matching = [s.value for s in raw if s.name == name and all(s.label_map.get(k) == v for k, v in labels.items())]
+    assert matching, (name, labels)
+    return sum(matching)
+
+
 def collect_once(collector: Collector) -> list[Sample]:
     async def once() -> list[Sample]:
         try:
