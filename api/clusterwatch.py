@@ -193,9 +193,7 @@ class ClusterWatch:
         if hits is None or not queries:
             return
         ratio = hits / queries
-        history = self._ratios[engine]
-        _append(history, now, ratio, self.peak_s)
-        peak = max(r for ts, r in history if ts >= now - self.peak_s)
+        peak = self._trailing_peak(engine, ratio, now)
         collapsed = peak > 0 and ratio < self.fraction * peak and writes_not_falling
         labels = {"target": engine[0], "engine": engine[1]}
         self.book.set(
@@ -207,6 +205,12 @@ class ClusterWatch:
             value=ratio,
             description="evict, recompute, rewrite: the prefix cache is losing chain heads",
         )
+
+    def _trailing_peak(self, key: tuple, ratio: float, now: float) -> float:
+        """The highest hit ratio of `key` (an engine, or a router) over the last `peak_s`, `ratio` now included."""
+        history = self._ratios[key]
+        _append(history, now, ratio, self.peak_s)
+        return max(r for ts, r in history if ts >= now - self.peak_s)
 
     def _router_hit_rate(self, router: tuple[str, str, str], now: float) -> None:
         """A router's (target, router, phase) collapse: its prefix-hit ratio below `fraction` x its trailing peak
@@ -223,9 +227,7 @@ class ClusterWatch:
         if expected is None or not routed:
             return
         ratio = expected / routed
-        history = self._ratios[("router", *router)]
-        _append(history, now, ratio, self.peak_s)
-        peak = max(r for ts, r in history if ts >= now - self.peak_s)
+        peak = self._trailing_peak(("router", *router), ratio, now)
         stored_not_falling = self._writes_not_falling(now, lambda key: key[:3] == ("stored", target, router_id))
         engines_judged = any(self._engine_workers.get(w, -1.0) >= since for w in self._router_workers.get(target, ()))
         collapsed = not engines_judged and peak > 0 and ratio < self.fraction * peak and stored_not_falling
