@@ -122,7 +122,9 @@ def rdma_tree(tmp_path: Path) -> Iterator[RdmaTree]:
 
 # vLLM's request histograms the fabric dashboard reads (its TTFT and prompt length by role).
 _VLLM_HISTOGRAMS = ("vllm:time_to_first_token_seconds", "vllm:request_prompt_tokens")
-_VLLM_SAMPLE = re.compile(r"^(?P<series>\S+\}) (?P<value>\S+)$")
+# One sample line of a Prometheus text exposition: the series (name and labels, whose values may hold spaces) and its
+# value.
+_SAMPLE = re.compile(r"^(?P<name>[^\s{]+)(?P<labels>\{.*\})? (?P<value>\S+)$")
 
 
 class MetricsServer:
@@ -156,59 +158,13 @@ class MetricsServer:
         self._httpd.server_close()
 
 
-class VllmEngine(MetricsServer):
-    """A vLLM server whose GET /metrics answers the TTFT and prompt-length histograms of the rendered vLLM 0.33
-    exposition (tests/fixtures/vllm, default config), every bucket, _count and _sum times the number of GETs so far:
-    the requests keep the captured distribution, so their quantiles are the captured ones."""
+class GrowingExposition(MetricsServer):
+    """A server whose GET /metrics answers a captured exposition, every sample of the `growing` series times the
+    number of GETs so far, the rest as captured: rates keep the captured proportions, so a ratio of two of them,
+    or a quantile of a histogram, is the capture's."""
 
-    def __init__(self) -> None:
-        text = (FIXTURES / "vllm" / "metrics_rendered_v0.33.0_default_SYNTHETIC.txt").read_text()
-        self.lines = [line for line in text.splitlines() if _histogram_line(line)]
-        self.calls = 0
-        super().__init__()
-
-    def metrics(self) -> str:
-        self.calls += 1
-        scaled = []
-        for line in self.lines:
-            sample = _VLLM_SAMPLE.match(line)
-            scaled.append(f"{sample['series']} {float(sample['value']) * self.calls}" if sample else line)
-        return "\n".join(scaled) + "\n"
-
-
-def _histogram_line(line: str) -> bool:
-    """Whether a line of the exposition belongs to one of _VLLM_HISTOGRAMS: its HELP and TYPE, its buckets, _count
-    and _sum (not the _created gauge vLLM writes beside it)."""
-    if line.startswith("#"):
-        words = line.split()
-        return len(words) > 2 and words[1] in ("HELP", "TYPE") and words[2] in _VLLM_HISTOGRAMS
-    name = line.split("{", 1)[0]
-    return any(name in (f"{family}_bucket", f"{family}_count", f"{family}_sum") for family in _VLLM_HISTOGRAMS)
-
-
-@pytest.fixture
-def vllm_engine() -> Iterator[VllmEngine]:
-    engine = VllmEngine()
-    yield engine
-    engine.close()
-
-
-# One sample line of a Prometheus text exposition: the series (name and labels, whose values may hold spaces) and its
-# value.
-_SAMPLE = re.compile(r"^(?P<name>[^\s{]+)(?P<labels>\{.*\})? (?P<value>\S+)$")
-
-
-class DynamoProcess(MetricsServer):
-    """A Dynamo process (the frontend with its KV router, or a worker) whose GET /metrics answers its capture in
-    tests/fixtures/dynamo whole, every sample of its counter and histogram families times the number of GETs so far,
-    its gauges as captured: rates keep the captured proportions, so a ratio of two of them is the capture's."""
-
-    def __init__(self, capture: str) -> None:
-        self.lines = (FIXTURES / "dynamo" / capture).read_text().splitlines()
-        kinds = {words[2]: words[3] for words in map(str.split, self.lines) if words[:2] == ["#", "TYPE"]}
-        self.growing = {name for name, kind in kinds.items() if kind == "counter"}
-        self.growing |= {f"{name}{suffix}" for name, kind in kinds.items() if kind == "histogram"
-                         for suffix in ("_bucket", "_count", "_sum")}  # fmt: skip
+    def __init__(self, lines: list[str], growing: set[str]) -> None:
+        self.lines, self.growing = lines, growing
         self.calls = 0
         super().__init__()
 
@@ -221,6 +177,45 @@ class DynamoProcess(MetricsServer):
                 line = f"{sample['name']}{sample['labels'] or ''} {float(sample['value']) * self.calls}"
             scaled.append(line)
         return "\n".join(scaled) + "\n"
+
+
+class VllmEngine(GrowingExposition):
+    """A vLLM server answering the TTFT and prompt-length histograms of the rendered vLLM 0.33 exposition
+    (tests/fixtures/vllm, default config), every bucket, _count and _sum growing with the requests."""
+
+    def __init__(self) -> None:
+        text = (FIXTURES / "vllm" / "metrics_rendered_v0.33.0_default_SYNTHETIC.txt").read_text()
+        growing = {f"{family}{suffix}" for family in _VLLM_HISTOGRAMS for suffix in ("_bucket", "_count", "_sum")}
+        super().__init__([line for line in text.splitlines() if _histogram_line(line, growing)], growing)
+
+
+def _histogram_line(line: str, samples: set[str]) -> bool:
+    """Whether a line of the exposition belongs to one of _VLLM_HISTOGRAMS: its HELP and TYPE, or one of its
+    `samples` (buckets, _count and _sum; not the _created gauge vLLM writes beside it)."""
+    if line.startswith("#"):
+        words = line.split()
+        return len(words) > 2 and words[1] in ("HELP", "TYPE") and words[2] in _VLLM_HISTOGRAMS
+    return line.split("{", 1)[0] in samples
+
+
+@pytest.fixture
+def vllm_engine() -> Iterator[VllmEngine]:
+    engine = VllmEngine()
+    yield engine
+    engine.close()
+
+
+class DynamoProcess(GrowingExposition):
+    """A Dynamo process (the frontend with its KV router, or a worker) answering its capture in tests/fixtures/dynamo
+    whole, its counter and histogram families growing with the requests, its gauges as captured."""
+
+    def __init__(self, capture: str) -> None:
+        lines = (FIXTURES / "dynamo" / capture).read_text().splitlines()
+        kinds = {words[2]: words[3] for words in map(str.split, lines) if words[:2] == ["#", "TYPE"]}
+        growing = {name for name, kind in kinds.items() if kind == "counter"}
+        growing |= {f"{name}{suffix}" for name, kind in kinds.items() if kind == "histogram"
+                    for suffix in ("_bucket", "_count", "_sum")}  # fmt: skip
+        super().__init__(lines, growing)
 
 
 @pytest.fixture
