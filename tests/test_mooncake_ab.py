@@ -21,6 +21,7 @@ import jsonschema
 import pytest
 import yaml
 from support.criteria import MEDIA_CRITERIA
+from support.misses import assert_causes_follow
 from support.proctree import alive, cmdline, descendants
 from typer.testing import CliRunner, Result
 
@@ -95,6 +96,11 @@ def test_collapse_example_on_real_mooncake(real_mooncake, tmp_path):
         real, mirror = result["arms"][name]["rounds"], result["arms"][f"{name}_sim"]["rounds"]
         assert [r["query_tokens"] for r in mirror] == [r["query_tokens"] for r in real]
         assert max(abs(a["hit_ratio"] - b["hit_ratio"]) for a, b in zip(real, mirror, strict=True)) <= 0.05, name
+        assert_causes_follow(real, mirror, 0.05)  # the misses explained from Mooncake's answers, as the model does
+    # the DRAM-only collapse is evictions (Mooncake evicts whole chains by lease age), never a refused put
+    lost = [row["miss_causes"] for row in dram_only["rounds"][predicted - 1 :]]
+    assert all(causes["evicted_by_tier"].get("dram", 0) > causes["cold"] for causes in lost), lost
+    assert not any(causes["not_admitted"] for causes in lost)
 
 
 def test_media_criteria_pass_on_real_mooncake_metrics_and_catch_a_planted_write(real_mooncake, tmp_path):

@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from support.misses import assert_causes_follow
 
 from kvscope.tierstore.ab import run_ab, run_arm
 from kvscope.tierstore.mooncake import mooncake_missing, object_key
@@ -67,6 +68,8 @@ def test_the_model_follows_a_real_mooncake_now(require_real):
         real, mirror = result["arms"]["dram"], result["arms"]["dram_sim"]
         assert real["store"]["kind"] == "mooncake" and mirror["mirror_of"] == "dram", name
         _agree(_ratios(real["rounds"]), _ratios(mirror["rounds"]))
+        # why each token missed, from Mooncake's existence checks and put answers, as the model explains it
+        assert_causes_follow(real["rounds"], mirror["rounds"], AGREEMENT)
 
 
 def test_a_vllm_block_hash_is_named_as_vllms_mooncake_connector_names_it():

@@ -95,7 +95,7 @@ def build_engine(
               tier.read_bandwidth) for index, tier in enumerate(store.tiers)]  # fmt: skip
     return EngineEmulator(store, scenario.block_tokens, scenario.block_bytes, scenario.engine.prefill_tokens_per_s, gpu,
                           saves_whole_chain=real is not None, clock=clock, ttft_model=model,
-                          tier_links=links, explains_misses=isinstance(store, TieredStore | NoStore))  # fmt: skip
+                          tier_links=links)  # fmt: skip
 
 
 def ttft_model(scenario: spec.Scenario) -> TtftModel | None:

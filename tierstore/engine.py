@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvscope.tierstore.misses import MissLedger
 from kvscope.tierstore.store import KVStore
 from kvscope.tierstore.tier import Tier
 from kvscope.tierstore.ttft import TtftModel, TtftParts
@@ -121,10 +120,8 @@ class EngineEmulator:
         # own read bandwidth (None: as fast as the link)
         self.ttft_model = ttft_model
         self.tier_links = list(tier_links)
-        # why each token missed, where every tier is in view (kvscope.tierstore.misses): not a real store's
-        self.misses = (
-            MissLedger([*([gpu_cache] if gpu_cache else []), *store.tiers], block_tokens) if explains_misses else None
-        )
+        # why each token missed (kvscope.tierstore.misses), from the tiers in view or what a real store reports
+        self.misses = store.miss_ledger(gpu_cache, block_tokens) if explains_misses else None
 
     def serve(self, request: Request) -> Served:
         keys, store = request.keys, self.store

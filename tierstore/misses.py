@@ -14,6 +14,10 @@ its block up (before the request's own puts change anything):
   refuses a chunk (it evicts its oldest pinned one instead), so its misses are never `not_admitted`;
 - `elsewhere`: held by another engine's cache. Every scenario serves an arm with one engine, so it is always 0.
 
+An embedded store's tiers are all in view (MissLedger). A real store is classified from what it reports
+(ReportedMissLedger): which of a request's blocks its existence check found, and what became of each block the
+engine put (stored, or refused with a return code); see that class for what can and cannot be told apart there.
+
 Only the misses are looked at, from the first missing block of a request's chain on: a hit costs nothing more. The
 tiers note each block they evict or refuse in one dict (`fates`, the last thing that happened to it, one entry per
 block ever given up, set by C loops on the eviction paths); a block neither held nor noted was never stored.
@@ -22,7 +26,7 @@ block ever given up, set by C loops on the eviction paths); a block neither held
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
-from itertools import filterfalse
+from itertools import filterfalse, repeat
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -79,6 +83,67 @@ class MissLedger:
 
     def snapshot(self) -> dict:
         """The causes so far, in tokens: each cause, and `evicted_by_tier`."""
+        evicted = self.evicted_tokens
+        return {**self.tokens, "evicted": sum(evicted.values()), "evicted_by_tier": dict(evicted)}
+
+
+class ReportedMissLedger:
+    """The miss causes of an arm served by a real store (a Mooncake arm), from what the store reported: the
+    existence check of each lookup (which blocks it held at that moment) and each put's outcome per block. The
+    engine's own GPU tier, when it has one, is kvscope's model and in view as in MissLedger.
+
+    What the store's answers tell apart exactly: `cold` (never put), `not_admitted` (its last put was refused:
+    `-200` no available handle once the retries ran out), `chain_broken` (the existence check found it, but the
+    lookup stopped earlier). Not told apart: the store does not say when or why an object went, so `evicted` is
+    every block that was stored and is gone, credited to the last tier of the write path (with an SSD tier, an
+    object DRAM dropped before its offload and one the SSD evicted look the same), and an object removed by another
+    client would count as evicted too (no other client writes an arm's store). A block whose get failed after the
+    check found it is counted as not held (its lookup stopped there)."""
+
+    def __init__(self, gpu_cache: Tier | None, store_tier: str, block_tokens: int) -> None:
+        self.block_tokens = block_tokens
+        self.store_tier = store_tier
+        self.gpu_fates: dict[Key, object] = {}
+        self._gpu_index = gpu_cache.policy.index if gpu_cache is not None else None
+        if gpu_cache is not None:
+            gpu_cache.fates = self.gpu_fates
+        self.stored: dict[Key, object] = {}  # each block the engine put: True once stored, NOT_ADMITTED if refused
+        self._checked_from = 0
+        self._held: Sequence[bool] = ()
+        self.tokens = dict.fromkeys(CAUSES, 0)
+        self.evicted_tokens = {**({"gpu": 0} if gpu_cache is not None else {}), store_tier: 0}
+
+    def checked(self, start: int, held: Sequence[bool]) -> None:
+        """The lookup's existence check: held[i] says whether the store served (or could serve) block start + i."""
+        self._checked_from, self._held = start, held
+
+    def put(self, keys: Sequence[Key], refused: Iterable[int]) -> None:
+        """A put's outcome: every block of `keys` is stored but those at the indexes `refused`."""
+        self.stored.update(zip(keys, repeat(True)))
+        self.stored.update((keys[index], NOT_ADMITTED) for index in refused)
+
+    def classify(self, keys: Sequence[Key], first_miss: int, hittable: int, prompt_tokens: int) -> None:
+        """As MissLedger.classify, from the last existence check (a store held block i if the check found it)."""
+        block, tokens = self.block_tokens, self.tokens
+        tokens["cold"] += prompt_tokens - max(hittable, first_miss) * block
+        start, held, gpu = self._checked_from, self._held, self._gpu_index
+        for index in range(first_miss, hittable):
+            key, at = keys[index], index - start
+            if index > first_miss and ((0 <= at < len(held) and held[at]) or (gpu is not None and key in gpu)):
+                tokens["chain_broken"] += block
+                continue
+            fate = self.stored.get(key)
+            if fate is True:
+                self.evicted_tokens[self.store_tier] += block
+            elif fate is NOT_ADMITTED:
+                tokens["not_admitted"] += block
+            elif self.gpu_fates.get(key) is not None:
+                self.evicted_tokens["gpu"] += block
+            else:
+                tokens["cold"] += block
+        self._held = ()
+
+    def snapshot(self) -> dict:
         evicted = self.evicted_tokens
         return {**self.tokens, "evicted": sum(evicted.values()), "evicted_by_tier": dict(evicted)}
 

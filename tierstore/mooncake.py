@@ -58,7 +58,9 @@ from kvscope.processes import (
     wait_until,
 )
 from kvscope.tierstore import scenario as spec
+from kvscope.tierstore.misses import ReportedMissLedger
 from kvscope.tierstore.store import Key, PrefixRead
+from kvscope.tierstore.tier import Tier
 
 # Mooncake's ErrorCode names (mooncake-store/include/types.h) for the codes an arm can meet.
 ERROR_NAMES = {
@@ -345,6 +347,8 @@ class MooncakeStore:
     def __init__(self, arm: spec.ArmSpec, block_bytes: int, system: str) -> None:
         self.block_bytes = block_bytes
         self.media = [tier.name for tier in arm.tiers + arm.attached]
+        self.write_path = [tier.name for tier in arm.tiers]
+        self.misses: ReportedMissLedger | None = None  # set when an engine asks what explains its misses
         self.codes: Counter[str] = Counter()
         self.put_retries = self.not_admitted = 0
         self.pacer = Pacer(arm.mooncake_settings.request_interval)
@@ -369,6 +373,11 @@ class MooncakeStore:
             return PrefixRead(0, [], 0.0)
         answer = self.processes.request({"op": "read", "keys": [object_key(k) for k in keys[start:end]]})
         self._count(answer)
+        if self.misses is not None:
+            held = [True] * (end - start)
+            for index in answer["absent"]:
+                held[index] = False
+            self.misses.checked(start, held)
         return PrefixRead(answer["blocks"], [], answer["seconds"])
 
     def put(self, keys: Sequence[Key], nbytes: int) -> int:
@@ -380,6 +389,8 @@ class MooncakeStore:
         self._count(answer)
         self.put_retries += answer["retries"]
         self.not_admitted += answer["not_admitted"]
+        if self.misses is not None:
+            self.misses.put(keys, answer["refused"])
         return answer["stored"] * nbytes
 
     def release(self, keys: Sequence[Key]) -> None:
@@ -387,6 +398,12 @@ class MooncakeStore:
 
     def load_seconds(self, read: PrefixRead) -> float:
         return read.seconds
+
+    def miss_ledger(self, gpu_cache: Tier | None, block_tokens: int) -> ReportedMissLedger:
+        """Misses explained from Mooncake's answers (kvscope.tierstore.misses.ReportedMissLedger); an evicted block
+        is credited to the last tier of the write path, as Mooncake does not say which medium dropped it."""
+        self.misses = ReportedMissLedger(gpu_cache, self.write_path[-1], block_tokens)
+        return self.misses
 
     def counters(self) -> dict[str, dict[str, int]]:
         """Scrape the master and the client now: the arm's media counters by tier, as the KV-tier model maps

@@ -8,10 +8,13 @@ stderr (the arm's log). Commands:
 
 - `read {keys}`: `batch_is_exist` over the chain's keys, the longest run present from its head, a real
   `batch_get_into` of that run into a registered buffer, and every block's bytes checked against the bytes its key
-  was stored with. The run ends at the first block that is missing, fails its get, or comes back wrong.
+  was stored with. The run ends at the first block that is missing, fails its get, or comes back wrong. The answer
+  names the blocks the store did not hold (`absent`: the check did not find them, or their get failed), which
+  explains the misses after the run.
 - `put {keys}`: `batch_is_exist`, then `batch_put_from` of the keys not present (a put of an existing key is a
   no-op in Mooncake). `-200` (no available handle: the segment is full and eviction has not caught up, or every
-  object is leased) is retried with a bounded backoff; a key still refused then is not admitted.
+  object is leased) is retried with a bounded backoff; a key still refused then is not admitted (`refused`: its
+  index in the command's keys).
 - `quit`: close the store and exit.
 
 Payloads are real bytes derived from the key (`synthetic_payload`), so a block served for the wrong key fails.
@@ -68,7 +71,8 @@ class Connector:
     def read(self, keys: list[str]) -> dict:
         codes: Counter[str] = Counter()
         started = time.perf_counter()
-        present = _present_run(self.store.batch_is_exist(keys), codes, "exist")
+        exists = self.store.batch_is_exist(keys)
+        present = _present_run(exists, codes, "exist")
         blocks = 0
         while blocks < present:
             chunk = keys[blocks : min(present, blocks + self.max_blocks)]
@@ -89,7 +93,8 @@ class Connector:
             blocks += good
             if good < len(chunk):
                 break
-        return {"blocks": blocks, "seconds": time.perf_counter() - started, "codes": codes}
+        absent = [index for index, exist in enumerate(exists) if exist != 1 or index == blocks]
+        return {"blocks": blocks, "seconds": time.perf_counter() - started, "codes": codes, "absent": absent}
 
     def put(self, keys: list[str]) -> dict:
         codes: Counter[str] = Counter()
@@ -98,26 +103,31 @@ class Connector:
         for exist in exists:
             if exist < 0:
                 codes[f"exist {exist}"] += 1
-        stored = retries = refused = 0
+        stored = retries = not_admitted = 0
+        unstored: list[str] = []  # refused with -200 after the retries, or failed with another code
         for start in range(0, len(missing), self.max_blocks):
             chunk = missing[start : start + self.max_blocks]
             for index, key in enumerate(chunk):
                 offset = index * self.block_bytes
                 self.buffer[offset : offset + self.block_bytes] = synthetic_payload(key, self.block_bytes)
-            done, tries, failed = self._put_with_retries(chunk, codes)
-            stored, retries, refused = stored + done, retries + tries, refused + failed
+            done, tries, no_handle, failed = self._put_with_retries(chunk, codes)
+            stored, retries, not_admitted = stored + done, retries + tries, not_admitted + len(no_handle)
+            unstored += no_handle + failed
+        unstored_keys = set(unstored)
         return {
             "stored": stored,
             "present": len(keys) - len(missing),
             "retries": retries,
-            "not_admitted": refused,
+            "not_admitted": not_admitted,
+            "refused": [index for index, key in enumerate(keys) if key in unstored_keys],
             "codes": codes,
         }
 
-    def _put_with_retries(self, keys: list[str], codes: Counter[str]) -> tuple[int, int, int]:
-        """(stored, retries, refused): -200 is retried, backing off from 5 ms to 100 ms, for `retry_budget_s`."""
+    def _put_with_retries(self, keys: list[str], codes: Counter[str]) -> tuple[int, int, list[str], list[str]]:
+        """(stored, retries, the keys still refused with -200, the keys failed with another code): -200 is retried,
+        backing off from 5 ms to 100 ms, for `retry_budget_s`."""
         slots = dict(zip(keys, self._slots(len(keys)), strict=True))
-        pending, stored, retries = keys, 0, 0
+        pending, stored, retries, failed = keys, 0, 0, []
         deadline, delay = time.monotonic() + self.retry_budget_s, 0.005
         while True:
             results = self.store.batch_put_from(pending, [slots[k] for k in pending], [self.block_bytes] * len(pending))
@@ -131,11 +141,12 @@ class Connector:
                     again.append(key)
                 else:
                     codes[f"put {result}"] += 1
+                    failed.append(key)
             if not again:
-                return stored, retries, 0
+                return stored, retries, [], failed
             codes[f"put {NO_AVAILABLE_HANDLE}"] += len(again)
             if time.monotonic() + delay > deadline:
-                return stored, retries, len(again)
+                return stored, retries, again, failed
             time.sleep(delay)
             retries += len(again)
             pending, delay = again, min(delay * 2, 0.1)

@@ -17,6 +17,7 @@ from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from kvscope.tierstore.misses import MissLedger, ReportedMissLedger
 from kvscope.tierstore.tier import Evicted, Payload, Tier
 
 Key = Hashable
@@ -65,6 +66,10 @@ class KVStore(Protocol):
 
     def load_seconds(self, read: PrefixRead) -> float: ...
 
+    def miss_ledger(self, gpu_cache: Tier | None, block_tokens: int) -> MissLedger | ReportedMissLedger:
+        """What explains the misses of an engine in front of this store (kvscope.tierstore.misses)."""
+        ...
+
     def counters(self) -> dict[str, dict[str, int]]: ...
 
     def settled_counters(self) -> dict[str, dict[str, int]]: ...
@@ -95,6 +100,9 @@ class NoStore:
 
     def load_seconds(self, read: PrefixRead) -> float:
         return 0.0
+
+    def miss_ledger(self, gpu_cache: Tier | None, block_tokens: int) -> MissLedger:
+        return MissLedger([gpu_cache] if gpu_cache else [], block_tokens)
 
     def counters(self) -> dict[str, dict[str, int]]:
         return {}
@@ -221,6 +229,10 @@ class TieredStore:
             for nbytes, tier in zip(read.read_bytes, self.tiers, strict=True)
             if nbytes and tier.read_bandwidth
         )
+
+    def miss_ledger(self, gpu_cache: Tier | None, block_tokens: int) -> MissLedger:
+        """Every tier is in view: each notes what it gave up."""
+        return MissLedger([*([gpu_cache] if gpu_cache else []), *self.tiers], block_tokens)
 
     def counters(self) -> dict[str, dict[str, int]]:
         """A snapshot of every tier's counters, by tier name."""

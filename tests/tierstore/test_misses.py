@@ -16,7 +16,7 @@ import yaml
 from kvscope.tierstore.ab import run_ab
 from kvscope.tierstore.contract import MissCause
 from kvscope.tierstore.engine import EngineEmulator
-from kvscope.tierstore.misses import CAUSES, dominant_cause
+from kvscope.tierstore.misses import CAUSES, ReportedMissLedger, dominant_cause
 from kvscope.tierstore.mooncake_tier import MooncakeTier
 from kvscope.tierstore.planner import plan
 from kvscope.tierstore.policies import MooncakePolicy, make_policy
@@ -89,6 +89,44 @@ def test_a_refused_put_is_not_admitted():
     assert serve(engine, ["a1", "a2", "a3"]) == causes({"dram": 0}, cold=31)
     assert segment.refused == 1 and "a2" in segment and "a1" not in segment
     assert serve(engine, ["a1", "a2", "a3"]) == causes({"dram": 10}, cold=1, chain_broken=10, not_admitted=10)
+
+
+def reported(ledger: ReportedMissLedger, keys: list[str], first_miss: int) -> dict:
+    """The causes of one request's misses as ReportedMissLedger gives them (a prompt of len(keys) x 10 + 1 tokens)."""
+    before = ledger.snapshot()
+    ledger.classify(keys, first_miss, len(keys), len(keys) * TOKENS + 1)
+    after = ledger.snapshot()
+    delta = {cause: after[cause] - before[cause] for cause in CAUSES}
+    delta["evicted_by_tier"] = {
+        tier: tokens - before["evicted_by_tier"][tier] for tier, tokens in after["evicted_by_tier"].items()
+    }
+    return delta
+
+
+def test_a_real_stores_misses_come_from_its_existence_checks_and_put_answers():
+    """What a real store reports, block by block: a3 refused (not_admitted), a1 put and now gone (evicted, credited
+    to the write path's last tier), a2 found by the check behind it (chain_broken), a4 never put (cold)."""
+    ledger = ReportedMissLedger(None, "ssd", TOKENS)
+    ledger.put(["a1", "a2", "a3"], refused=[2])
+    ledger.checked(0, [False, True, False, False])
+    assert reported(ledger, ["a1", "a2", "a3", "a4"], 0) == causes(
+        {"ssd": 10}, cold=11, chain_broken=10, not_admitted=10
+    )
+    ledger.put(["a3", "a4"], refused=[])  # admitted later: a miss on a3 now is an eviction
+    ledger.checked(1, [True, False, True])  # from block 1 (a GPU served a1): a2 served, a3 gone, a4 held
+    assert reported(ledger, ["a1", "a2", "a3", "a4"], 2) == causes({"ssd": 10}, cold=1, chain_broken=10)
+    ledger.checked(0, [True, True])  # found, but a2's get failed: the lookup stopped there, a2 counts as not held
+    assert reported(ledger, ["a1", "a2"], 1) == causes({"ssd": 10}, cold=1)
+
+
+def test_a_real_stores_gpu_tier_is_in_view():
+    """The engine's GPU tier is kvscope's: a block it evicted and the store never held is `evicted` by the GPU, one
+    it holds behind the first miss is `chain_broken`."""
+    gpu = lru("gpu", 1)
+    ledger = ReportedMissLedger(gpu, "dram", TOKENS)
+    gpu.write(["b1"], BLOCK_BYTES, is_put=False)
+    gpu.write(["b2"], BLOCK_BYTES, is_put=False)  # evicts b1
+    assert reported(ledger, ["b1", "b2"], 0) == causes({"gpu": 10, "dram": 0}, cold=1, chain_broken=10)
 
 
 def test_the_contract_names_the_same_causes_in_the_same_order():
