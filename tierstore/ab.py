@@ -15,10 +15,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from kvscope import __version__
-from kvscope.exporters.scrape import TargetState
 from kvscope.tierstore import scenario as spec
 from kvscope.tierstore.backends import make_backend
 from kvscope.tierstore.engine import EngineEmulator, RequestClock, Served
@@ -31,6 +30,9 @@ from kvscope.tierstore.store import KVStore, NoStore, TieredStore
 from kvscope.tierstore.tier import Tier
 from kvscope.tierstore.ttft import TtftModel
 from kvscope.tierstore.workloads import make_workload
+
+if TYPE_CHECKING:  # the exporters' scrape machinery loads only with an arm that scrapes (a real store)
+    from kvscope.exporters.scrape import TargetState
 
 
 class ArmListener(Protocol):
