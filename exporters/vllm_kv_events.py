@@ -81,8 +81,9 @@ class EventBatch:
     unknown: int  # events of a type this version does not know
 
 
-def decode_batch(payload: bytes) -> EventBatch:
-    """One msgpack `EventBatch` payload, counted; UndecodableBatch if it is not one."""
+def decode_events(payload: bytes) -> tuple[float, list]:
+    """One msgpack `EventBatch` payload: its timestamp and its events as they came (maps tagged by `type`);
+    UndecodableBatch if it is not one."""
     try:
         data = msgpack.unpackb(payload, raw=False, strict_map_key=False)
     except (ValueError, TypeError, msgpack.UnpackException) as error:
@@ -92,6 +93,12 @@ def decode_batch(payload: bytes) -> EventBatch:
     timestamp, events = data[0], data[1]
     if not isinstance(timestamp, int | float) or isinstance(timestamp, bool) or not isinstance(events, list):
         raise UndecodableBatch("the batch's timestamp is not a number or its events not an array")
+    return float(timestamp), events
+
+
+def decode_batch(payload: bytes) -> EventBatch:
+    """One msgpack `EventBatch` payload, counted; UndecodableBatch if it is not one."""
+    timestamp, events = decode_events(payload)
     stored: Counter[str] = Counter()
     removed: Counter[str] = Counter()
     cleared = unknown = 0
@@ -106,7 +113,7 @@ def decode_batch(payload: bytes) -> EventBatch:
             cleared += 1
         else:
             unknown += 1
-    return EventBatch(float(timestamp), stored, removed, cleared, unknown)
+    return EventBatch(timestamp, stored, removed, cleared, unknown)
 
 
 def _medium(value: object) -> str:
