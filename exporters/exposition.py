@@ -14,6 +14,7 @@ every label of every sample in prometheus_client took 20 ms of CPU for one scrap
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import socket
 import threading
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 
 import uvicorn
+import uvloop
 from opentelemetry.exporter.prometheus._mapping import map_unit, sanitize_attribute, sanitize_full_name
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
@@ -125,7 +127,8 @@ def _render(families: list[Metric]) -> str:
 
 class MetricsServer:
     """`/metrics` over HTTP, served by uvicorn on a thread and event loop of its own (a slow render never delays a
-    scrape), gzip-compressed when the scraper accepts it, as Prometheus does."""
+    scrape), gzip-compressed when the scraper accepts it, as Prometheus does. The loop is uvloop's (uvicorn[standard]
+    brings it), 0.08 ms of CPU less per GET than asyncio's."""
 
     def __init__(self, host: str, port: int, body: Callable[[], bytes]) -> None:
         self._body = body
@@ -134,9 +137,9 @@ class MetricsServer:
         config = uvicorn.Config(
             self._app, interface="asgi3", log_level="warning", access_log=False, lifespan="off", proxy_headers=False
         )
-        self._server = uvicorn.Server(config)
+        self._server = _Server(config)
         self._thread = threading.Thread(
-            target=asyncio.run, args=(self._server.serve([self._socket]),), name="kvscope /metrics", daemon=True
+            target=uvloop.run, args=(self._server.serve([self._socket]),), name="kvscope /metrics", daemon=True
         )
         self._thread.start()
 
@@ -154,9 +157,32 @@ class MetricsServer:
         await _answer(send, 200, body, headers)
 
     def close(self) -> None:
-        self._server.should_exit = True
+        self._server.exit()
         self._thread.join(5)
         self._socket.close()
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, woken once a second instead of ten times. uvicorn's main loop sleeps 0.1 s between checks
+    of `should_exit` and refreshes its Date header every tenth; each wake-up of an idle thread cost about 0.13 ms
+    of CPU on a 2-core VM (0.33 ms per 0.25 s scrape interval, a fifth of the RDMA collector's, bench/scrape.py).
+    Here the header is refreshed every second, as uvicorn does, and `exit()` wakes the loop at once."""
+
+    _loop: asyncio.AbstractEventLoop | None = None
+    _wake: asyncio.Event | None = None
+
+    async def main_loop(self) -> None:
+        self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
+        while not await self.on_tick(0):  # a counter of 0 refreshes the Date header
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), 1.0)
+
+    def exit(self) -> None:
+        """Stop serving, from any thread."""
+        self.should_exit = True
+        if self._loop is not None and self._wake is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has already ended
+                self._loop.call_soon_threadsafe(self._wake.set)
 
 
 async def _answer(send: Callable, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
