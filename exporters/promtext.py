@@ -1,4 +1,5 @@
-"""Sources that serve Prometheus text over HTTP (vLLM, Mooncake): fetch with httpx, parse with prometheus_client.
+"""Sources that serve Prometheus text over HTTP (vLLM, Mooncake): fetch with exporters/httpget.py (a connection kept
+per target), parse with prometheus_client.
 
 Subclasses only name their `source`; the parser's families give each sample its kind. `*_created` series
 (client libraries' creation timestamps) are skipped: they are not measurements. Raw samples keep the names on
@@ -11,11 +12,11 @@ from __future__ import annotations
 
 import re
 
-import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import AnyHttpUrl
 
 from kvscope.exporters.base import CollectError, Collector, TargetConfig
+from kvscope.exporters.httpget import GetError, get_for
 from kvscope.samples import Kind, Labels, Sample, labels_of
 
 _KINDS: dict[str, Kind] = {"counter": "counter", "gauge": "gauge", "histogram": "histogram", "summary": "summary"}
@@ -30,20 +31,19 @@ class PrometheusTextCollector(Collector):
 
     def __init__(self, config: HttpTargetConfig) -> None:
         super().__init__(config)
-        self._client = httpx.AsyncClient(timeout=config.timeout_s)
+        self._url = str(config.url)
+        self._get = get_for(config.url, config.timeout_s)
         self._parser = ExpositionParser(self.source, config.name)
 
     async def collect(self) -> list[Sample]:
-        url = str(self.config.url)  # type: ignore[attr-defined]
         try:
-            response = await self._client.get(url)
-            response.raise_for_status()
-        except httpx.HTTPError as error:
-            raise CollectError(f"{self.config.name}: GET {url} failed: {error!r}") from None
-        return self._parser.parse(response.text)
+            text = await self._get.text()
+        except GetError as error:
+            raise CollectError(f"{self.config.name}: GET {self._url} failed: {error}") from None
+        return self._parser.parse(text)
 
     async def close(self) -> None:
-        await self._client.aclose()
+        await self._get.close()
 
 
 def parse_exposition(source: str, text: str, target: str) -> list[Sample]:
