@@ -27,7 +27,7 @@ from typer.testing import CliRunner, Result
 
 from kvscope.cli import app
 from kvscope.processes import HOST, ProcessError, listening_sockets, port_listens
-from kvscope.tierstore.mooncake import MooncakeArm, mooncake_missing
+from kvscope.tierstore.mooncake import MooncakeArm, MooncakeStore, mooncake_missing
 from kvscope.tierstore.scenario import load_scenario
 
 EXAMPLES = Path(__file__).parents[1] / "examples"
@@ -225,3 +225,17 @@ def test_an_arm_whose_master_port_another_process_holds_fails_naming_it(real_moo
         finally:
             processes.close()
     assert not [process for process in processes.processes if process.alive()]
+
+
+def test_the_store_clients_existence_check_finds_what_was_put_and_stores_nothing(real_mooncake):
+    """`exist` answers `batch_is_exist` alone (a vLLM arm's look at the store just before each request): the keys
+    put are held, the others not, and asking stores nothing."""
+    arm = load_scenario(EXAMPLES / "mooncake_dram_vs_ssd.yaml").runnable_arms["dram_only"]
+    store = MooncakeStore(arm, 256 * 1024, "exist-check")
+    try:
+        assert store.put(["a", "b"], 256 * 1024) == 2 * 256 * 1024
+        assert store.exist(["a", "x", "b"]) == [True, False, True]
+        assert store.exist(["x"]) == [False] and store.exist([]) == []
+        assert store.put(["x"], 256 * 1024) == 256 * 1024  # not there before: stored now
+    finally:
+        store.close()

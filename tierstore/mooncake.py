@@ -393,6 +393,15 @@ class MooncakeStore:
             self.misses.put(keys, answer["refused"])
         return answer["stored"] * nbytes
 
+    def exist(self, keys: Sequence[str]) -> list[bool]:
+        """Which of `keys` the store holds now: a `batch_is_exist` alone (it leases what it finds, as every
+        existence check does)."""
+        if not keys:
+            return []
+        answer = self.processes.request({"op": "exist", "keys": list(keys)})
+        self._count(answer)
+        return answer["held"]
+
     def release(self, keys: Sequence[Key]) -> None:
         """Nothing to do: Mooncake's leases run out by themselves."""
 
@@ -460,9 +469,14 @@ class MooncakeStore:
             self.codes[code_name(operation, code)] += count
 
 
-CONNECTOR_KEY_PREFIX = "kvscope@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@"
-"""What vLLM's Mooncake connector puts before a block's hash (PoolKey.to_string: model name, namespace, ranks, KV
-group), here for a model named kvscope on one rank."""
+def connector_key_prefix(model: str) -> str:
+    """What vLLM's Mooncake connector puts before a block's hash on one rank (PoolKey.to_string: the model's name,
+    the last part of its path, then the namespace, ranks and KV group)."""
+    return f"{model}@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@"
+
+
+CONNECTOR_KEY_PREFIX = connector_key_prefix("kvscope")
+"""The prefix of the engine emulator's vLLM block hashes (`keys: vllm`): a model named kvscope."""
 
 
 def object_key(key: Key) -> str:

@@ -15,6 +15,8 @@ stderr (the arm's log). Commands:
   no-op in Mooncake). `-200` (no available handle: the segment is full and eviction has not caught up, or every
   object is leased) is retried with a bounded backoff; a key still refused then is not admitted (`refused`: its
   index in the command's keys).
+- `exist {keys}`: `batch_is_exist` alone, no get, no put: which keys the store holds (`held`). Like every
+  existence check it leases the objects it finds for the master's lease time.
 - `quit`: close the store and exit.
 
 Payloads are real bytes derived from the key (`synthetic_payload`), so a block served for the wrong key fails.
@@ -96,13 +98,13 @@ class Connector:
         absent = [index for index, exist in enumerate(exists) if exist != 1 or index == blocks]
         return {"blocks": blocks, "seconds": time.perf_counter() - started, "codes": codes, "absent": absent}
 
+    def exist(self, keys: list[str]) -> dict:
+        codes: Counter[str] = Counter()
+        return {"held": self._held(keys, codes), "codes": codes}
+
     def put(self, keys: list[str]) -> dict:
         codes: Counter[str] = Counter()
-        exists = self.store.batch_is_exist(keys)
-        missing = [key for key, exist in zip(keys, exists, strict=True) if exist != 1]
-        for exist in exists:
-            if exist < 0:
-                codes[f"exist {exist}"] += 1
+        missing = [key for key, held in zip(keys, self._held(keys, codes), strict=True) if not held]
         stored = retries = not_admitted = 0
         unstored: list[str] = []  # refused with -200 after the retries, or failed with another code
         for start in range(0, len(missing), self.max_blocks):
@@ -151,6 +153,12 @@ class Connector:
             retries += len(again)
             pending, delay = again, min(delay * 2, 0.1)
 
+    def _held(self, keys: list[str], codes: Counter[str]) -> list[bool]:
+        """`batch_is_exist`: whether the store holds each key (an error code counts as not held, and is counted)."""
+        exists = self.store.batch_is_exist(keys)
+        codes.update(f"exist {exist}" for exist in exists if exist < 0)
+        return [exist == 1 for exist in exists]
+
     def _slots(self, count: int) -> list[int]:
         return [self.address + index * self.block_bytes for index in range(count)]
 
@@ -190,6 +198,8 @@ def main(config: dict[str, Any]) -> None:
             answer(connector.read(command["keys"]))
         elif op == "put":
             answer(connector.put(command["keys"]))
+        elif op == "exist":
+            answer(connector.exist(command["keys"]))
         elif op == "quit":
             connector.close()
             answer({"closed": True})
