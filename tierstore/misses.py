@@ -83,8 +83,7 @@ class MissLedger:
 
     def snapshot(self) -> dict:
         """The causes so far, in tokens: each cause, and `evicted_by_tier`."""
-        evicted = self.evicted_tokens
-        return {**self.tokens, "evicted": sum(evicted.values()), "evicted_by_tier": dict(evicted)}
+        return causes_snapshot(self.tokens, self.evicted_tokens)
 
 
 class ReportedMissLedger:
@@ -144,8 +143,13 @@ class ReportedMissLedger:
         self._held = ()
 
     def snapshot(self) -> dict:
-        evicted = self.evicted_tokens
-        return {**self.tokens, "evicted": sum(evicted.values()), "evicted_by_tier": dict(evicted)}
+        return causes_snapshot(self.tokens, self.evicted_tokens)
+
+
+def causes_snapshot(tokens: dict[str, int], evicted_tokens: dict[str, int]) -> dict:
+    """A ledger's causes so far as the A/B rows and the exporter read them: each cause in tokens (`evicted` the sum
+    of `evicted_tokens`), and `evicted_by_tier`."""
+    return {**tokens, "evicted": sum(evicted_tokens.values()), "evicted_by_tier": dict(evicted_tokens)}
 
 
 def causes_between(before: dict, after: dict) -> dict:
