@@ -198,6 +198,18 @@ class VllmServer:
             )
         return response.json()
 
+    def tokenize(self, client: httpx.Client, messages: list[dict]) -> list[int]:
+        """The token ids a chat request of `messages` prompts the engine with (its /tokenize, the chat template
+        applied as a chat completion applies it): the ids its blocks are hashed and its KV events named by."""
+        body = {"model": self.name, "messages": messages, "add_generation_prompt": True}
+        try:
+            response = client.post(f"{self.url}/tokenize", json=body)
+        except httpx.HTTPError as error:
+            raise ProcessError(f"{self.process.name}: tokenize failed: {error!r}") from None
+        if response.status_code != 200:
+            raise ProcessError(f"{self.process.name}: tokenize answered {response.status_code}: {response.text[:500]}")
+        return response.json()["tokens"]
+
     def stop(self) -> None:
         self.process.stop(timeout_s=30)
 

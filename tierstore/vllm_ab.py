@@ -18,6 +18,8 @@ A round's figures come from what the engine and the store did, scraped between r
 and `mooncake` sources: prompt tokens by where they came from (vLLM's prefix cache, the external store, recomputed),
 TTFT from vLLM's histogram, preemptions, the connector's saves and loads, Mooncake's bytes per medium and evictions.
 The responses' `cached_tokens` are held against the counters every round and a disagreement is reported in the row.
+Each request's missed tokens get a cause from the engine's KV events and the store's existence check
+(kvscope.tierstore.vllm_misses).
 """
 
 from __future__ import annotations
@@ -38,10 +40,12 @@ from kvscope.processes import owned_directory
 from kvscope.tierstore import scenario as spec
 from kvscope.tierstore.engine import EngineCounters
 from kvscope.tierstore.live import ENGINES
-from kvscope.tierstore.mooncake import ERROR_NAMES, MooncakeError, MooncakeStore, Pacer
+from kvscope.tierstore.misses import causes_between
+from kvscope.tierstore.mooncake import ERROR_NAMES, MooncakeError, MooncakeStore, Pacer, connector_key_prefix
 from kvscope.tierstore.planner import Plan, RoundPlan
 from kvscope.tierstore.store import NoStore
 from kvscope.tierstore.vllm import TinyModel, VllmServer, cpu_share, words
+from kvscope.tierstore.vllm_misses import EventMissLedger, KvEventFollower, RequestMisses
 from kvscope.tierstore.workloads import make_workload
 
 _DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
@@ -73,13 +77,14 @@ def tiny_model(scenario: spec.Scenario) -> TinyModel:
 
 
 class _Bookkeeping:
-    """What the `tierstore` source publishes of a vLLM arm: the round counter and the planner's bound, so a
-    recording can be cut into rounds and held against the ideal (the engine's own counters come from vLLM)."""
+    """What the `tierstore` source publishes of a vLLM arm: the round counter, the planner's bound and the miss
+    causes, so a recording can be cut into rounds and held against the ideal (the engine's own counters come from
+    vLLM)."""
 
     gpu_cache = None
-    misses = None  # a real engine's misses are not classified from the embedded store's view
 
-    def __init__(self) -> None:
+    def __init__(self, misses: EventMissLedger) -> None:
+        self.misses = misses
         self.counters = EngineCounters()
         self.store = self  # the tierstore source reads engine.store.tiers and .attached: none here
         self.tiers: list = []
@@ -107,6 +112,7 @@ class VllmArm:
         self._loop = asyncio.new_event_loop()
         self._client = httpx.Client(timeout=settings.request_timeout)
         self.server: VllmServer | None = None
+        self.events: KvEventFollower | None = None
         # vLLM alone (an arm without tiers): no store, no connector, requests as fast as the engine takes them
         self.store: MooncakeStore | NoStore = NoStore()
         self.pacer = Pacer(self.spec.mooncake_settings.request_interval if self.spec.tiers else 0.0)
@@ -115,6 +121,9 @@ class VllmArm:
             if self.spec.tiers:
                 self.store = MooncakeStore(self.spec, scenario.block_bytes, self.system)
                 extra_args, env = self._connector()
+            self.events = KvEventFollower(f"kv-events-{self.system}".replace("/", "-"), self._loop)
+            event_args, event_env = self.events.server_args()
+            extra_args, env = (*extra_args, *event_args), {**env, **event_env}
             model = tiny_model(scenario).build(self._dir / "model")
             self.server = VllmServer(
                 model, self._dir, settings.gpu_blocks, scenario.block_tokens, scenario.vllm_max_model_len,
@@ -131,13 +140,19 @@ class VllmArm:
                 labels={"system": self.system, "engine": self.system},
             )  # fmt: skip
             self._scraper = Scraper([target])
-            self.engine = _Bookkeeping()
+            store = self.store if isinstance(self.store, MooncakeStore) else None
+            self.misses = RequestMisses(
+                self.events, scenario.block_tokens, store, store.write_path[-1] if store else None,
+                connector_key_prefix(model.name),  # the connector names a model by its directory's name
+            )  # fmt: skip
+            self.engine = _Bookkeeping(self.misses.ledger)
             if published_as:
                 ENGINES.publish(published_as, self.engine)  # type: ignore[arg-type]
             self._rounds = enumerate(make_workload(scenario).rounds())
             self._conversations: dict[int, list[dict]] = {}
             self._vllm_state: TargetState | None = None
             self._last = self._snapshot(self.store.counters())
+            self._first_misses = self._last_misses = self.misses.ledger.snapshot()
         except BaseException:
             self.close()
             raise
@@ -182,16 +197,25 @@ class VllmArm:
         planned = self.plan.rounds[index]
         reported = Counter()
         first, request_hits, request_seconds, first_tokens = len(self.pacer.starts), [], [], []
+        assert self.server is not None
         for request in requests:
+            messages = self._turn(request.session, index + 1)
+            self.misses.settle()  # the events of the requests before this one
+            token_ids = self.server.tokenize(self._client, messages)
             self.pacer.wait()
+            lookup = self.misses.look_up(token_ids)  # what the engine's own lookup finds a few ms later
             sent = time.monotonic()
-            usage, metrics = self._chat(request.session, index + 1, request.prompt_tokens)
+            usage, metrics = self._answer(messages, request.session, index + 1, request.prompt_tokens)
             request_seconds.append(round(time.monotonic() - sent, 4))
             first_tokens.append(_first_token_s(metrics))
+            hit = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+            if len(token_ids) != usage["prompt_tokens"]:
+                raise MooncakeError(f"arm {self.name}: /tokenize gave {len(token_ids)} tokens, the engine was "
+                                    f"prompted with {usage['prompt_tokens']}")  # fmt: skip
+            self.misses.ledger.classify(lookup, hit, usage["prompt_tokens"])
             reported["prompt"] += usage["prompt_tokens"]
-            request_hits.append((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+            request_hits.append(hit)
         reported["cached"] = sum(request_hits)
-        assert self.server is not None
         self.server.process.check_alive()  # the answers were its own, and what is scraped next will be
         self.engine.counters.rounds += 1
         self.engine.counters.bound_hit_tokens += planned.ideal_hit_tokens
@@ -202,6 +226,9 @@ class VllmArm:
         row["request_s"] = request_seconds
         row["request_first_token_s"] = first_tokens
         row["request_hit_tokens"] = request_hits  # each response's cached tokens, in the workload's order
+        misses = self.misses.ledger.snapshot()
+        row["miss_causes"] = causes_between(self._last_misses, misses)
+        self._last_misses = misses
         self._last = after
         self.rows.append(row)
         self.seconds["rounds"] += time.monotonic() - started
@@ -219,6 +246,7 @@ class VllmArm:
         tiers = {tier: counters for tier, counters in self._last.items() if tier != "vllm"}
         totals = arm_totals(self.rows, tiers)
         totals["written_bytes"] = {tier: sum(r["written_bytes"][tier] for r in self.rows) for tier in tiers}
+        totals["miss_causes"] = causes_between(self._first_misses, self._last_misses)
         failed: Counter = Counter()
         for row in self.rows:
             failed.update(row["connector_failed_keys"])
@@ -227,6 +255,7 @@ class VllmArm:
                        "cached_tokens_disagreements": self.disagreements,
                        "connector_failed_keys": dict(failed),
                        "connector_failure_codes": self.failure_codes,
+                       "kv_events": self.events.report() if self.events else None,
                        "listening": self.listening, "ipc_listening": self.ipc_listening,
                        "peak_rss_bytes": self.peak_rss},
             "store": self.store.report(),
@@ -256,6 +285,8 @@ class VllmArm:
         self._client.close()
         if getattr(self, "_scraper", None) is not None:
             self._loop.run_until_complete(self._scraper.close())
+        if self.events is not None:
+            self.events.close()
         self._loop.close()
         if self.server is not None:
             self.server.stop()
@@ -264,11 +295,10 @@ class VllmArm:
 
     # ------------------------------------------------------------------------------------------------ requests
 
-    def _chat(self, session: int, round_number: int, prompt_tokens: int) -> tuple[dict, dict]:
-        """The session's next turn: its conversation so far plus this round's new words; the response's usage and
-        its per-request metrics."""
+    def _turn(self, session: int, round_number: int) -> list[dict]:
+        """The session's next turn: its conversation so far plus this round's new words."""
         w, vocab = self.scenario.workload, self.scenario.engine.vllm.vocab  # type: ignore[union-attr]
-        assert isinstance(w, spec.MultiRoundWorkload) and self.server is not None
+        assert isinstance(w, spec.MultiRoundWorkload)
         messages = self._conversations.setdefault(session, [])
         start = (session * _SESSION_STRIDE + round_number * _ROUND_STRIDE) % vocab
         if not messages:
@@ -278,6 +308,13 @@ class VllmArm:
                                                               vocab)})  # fmt: skip
         elif w.user_tokens:
             messages.append({"role": "user", "content": words(start, w.user_tokens, vocab)})
+        return messages
+
+    def _answer(self, messages: list[dict], session: int, round_number: int, prompt_tokens: int) -> tuple[dict, dict]:
+        """The engine's answer to the turn, kept in the conversation: the response's usage and its per-request
+        metrics."""
+        w = self.scenario.workload
+        assert isinstance(w, spec.MultiRoundWorkload) and self.server is not None
         answer = self.server.chat(self._client, messages, w.output_tokens) if w.output_tokens else None
         if answer is None:  # no output: a one-token request keeps the turn (vLLM needs max_tokens >= 1)
             answer = self.server.chat(self._client, messages, 1)
