@@ -1,6 +1,7 @@
 """NVIDIA Dynamo's /metrics (tested against 1.6.1): a frontend's (its HTTP port: the frontend's and its KV router's
-series) and a worker's (its system port, `DYN_SYSTEM_PORT`: the engine's `vllm:*` series beside Dynamo's own
-`dynamo_component_*`). One source for both; each is a target of its own.
+series) and a worker's (its system port, `DYN_SYSTEM_PORT`: the engine's `vllm:*` series, or `sglang:*` from a
+mocker started with `--engine-type sglang`, beside Dynamo's own `dynamo_component_*`). One source for both; each is
+a target of its own.
 
 Who says what, as Dynamo 1.6.1 labels it:
 
@@ -10,8 +11,9 @@ Who says what, as Dynamo 1.6.1 labels it:
   router, never per worker: they carry the router's own id (`router_id`, and as `worker_id` the frontend's own
   instance id in hex), not the id of the worker a request went to.
 - A worker's engine series (`vllm:*`, the mocker's imitation of vLLM's names) carry only `engine` (the
-  data-parallel rank) and the model's name; its instance id is the hex `worker_id` of the `dynamo_component_*`
-  series on the same port, the frontend's decimal one written in hex.
+  data-parallel rank) and the model's name (`sglang:*`: the model's name, `engine_type` and, on the scheduler's
+  gauges only, `tp_rank`, `pp_rank`, `moe_ep_rank`, all 0 in the mocker); its instance id is the hex `worker_id`
+  of the `dynamo_component_*` series on the same port, the frontend's decimal one written in hex.
 
 So the collector attaches the process's instance id, in decimal as the frontend writes it, to every sample of the
 scrape as `dynamo_instance_id` (`instance_id_samples`, a pure function of the parsed exposition): a worker's
@@ -19,8 +21,8 @@ engine series then join the frontend's per-worker ones, and the router's events 
 holding several instance ids (several workers in one process, `--num-workers`) cannot say whose engine series are
 whose: nothing is attached and the scrape counts an `unparseable` read error; run one worker per process.
 
-Series appear only after a target's first request (a worker's `vllm:*`, the router's counters); an absent series
-means "nothing served yet". What is mapped and what is not is in `mappings/dynamo.yaml`.
+Series appear only after a target's first request (a worker's `vllm:*` or `sglang:*`, the router's counters); an
+absent series means "nothing served yet". What is mapped and what is not is in `mappings/dynamo.yaml`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """NVIDIA Dynamo's /metrics through the collector and its mapping, over a real HTTP server on 127.0.0.1: the
 frontend's and both workers' expositions captured from a real Dynamo 1.6.1 stack (tests/fixtures/dynamo,
-PROVENANCE.md), held against the raw values they come from, the responses' usage of the same run and a golden
-normalized output (regenerate with KVSCOPE_UPDATE_GOLDEN=1 after a deliberate mapping change, and review the diff)."""
+PROVENANCE.md; mocker workers imitating vLLM, and in the `sglang` run SGLang), held against the raw values they come
+from, the responses' usage of the same run and a golden normalized output (regenerate with KVSCOPE_UPDATE_GOLDEN=1
+after a deliberate mapping change, and review the diff)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,10 @@ from kvscope.samples import Sample
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "dynamo"
 GOLDEN = FIXTURES / "normalized.golden.json"
 CAPTURES = sorted(path.name for path in FIXTURES.glob("*.prom"))
-RUNS = ("routed", "small_blocks")
+RUNS = ("routed", "small_blocks")  # mockers imitating vLLM (vllm:* series)
+SGLANG = "sglang"  # the routed run's settings, the mockers imitating SGLang (--engine-type sglang: sglang:* series)
+VLLM_WORKERS = [c for c in CAPTURES if "worker" in c and not c.startswith(f"{SGLANG}_")]
+SGLANG_WORKERS = [c for c in CAPTURES if c.startswith(f"{SGLANG}_worker")]
 
 
 def scrape(url: str, name: str = "dynamo-a", **extra) -> tuple[list[Sample], list[Sample], DynamoCollector]:
@@ -58,8 +62,8 @@ def golden_form(normalized: list[Sample]) -> list[dict]:
     return sorted(({"name": s.name, "labels": s.label_map, "value": s.value} for s in normalized), key=json.dumps)
 
 
-def test_the_captures_are_the_two_runs_with_frontend_and_both_workers():
-    for run in RUNS:
+def test_the_captures_are_the_three_runs_with_frontend_and_both_workers():
+    for run in (*RUNS, SGLANG):
         assert {f"{run}_frontend.prom", f"{run}_worker0.prom", f"{run}_worker1.prom"} <= set(CAPTURES)
     assert {"small_blocks_midload_frontend.prom", "small_blocks_midload_worker0.prom"} <= set(CAPTURES)
 
@@ -107,7 +111,7 @@ def test_a_frontend_s_and_its_router_s_series_map_as_dynamo_wrote_them(metrics_s
     assert not any("worker_id" in s.label_map for s in normalized if s.name.startswith("kv.router."))
 
 
-@pytest.mark.parametrize("capture", [c for c in CAPTURES if "worker" in c])
+@pytest.mark.parametrize("capture", VLLM_WORKERS)
 def test_a_worker_s_engine_series_carry_its_id_as_the_frontend_writes_it(metrics_server, capture):
     """KV usage, preemptions and TTFT buckets of the mocker's engine (vllm:* names, labelled only engine and model)
     carry the worker's instance id: the hex worker_id of its dynamo_component_* series, in decimal, which is the id
@@ -179,6 +183,83 @@ def test_each_capture_s_normalized_output_is_the_golden_one(metrics_server, capt
         golden[capture] = golden_form(normalized)
         GOLDEN.write_text(json.dumps(dict(sorted(golden.items())), indent=1) + "\n")
     assert golden_form(normalized) == golden[capture]
+
+
+# Every family the SGLang-imitating mocker serves that the mapping leaves out, and why (mappings/dynamo.yaml).
+SGLANG_NOT_MAPPED = {
+    "sglang:cache_hit_rate": "the last prefill batch's hit ratio, kept until the next: neither a state nor a window",
+    "sglang:num_requests_total": "finished requests: once served, the +Inf TTFT bucket counts the same ones",
+    "sglang:num_running_reqs": "running requests, not KV",
+    "sglang:num_queue_reqs": "queued requests, not KV",
+    "sglang:e2e_request_latency_seconds": "a latency histogram other than TTFT",
+    "sglang:inter_token_latency_seconds": "a latency histogram other than TTFT",
+}
+
+
+@pytest.mark.parametrize("capture", SGLANG_WORKERS)
+def test_an_sglang_worker_s_ttft_buckets_carry_its_id_bound_by_bound(metrics_server, capture):
+    """The mocker under --engine-type sglang serves SGLang's names: its TTFT buckets (labelled model_name and
+    engine_type, no rank) map onto the worker's kv.engine.ttft.requests, bound by bound, with the id the frontend
+    writes; `engine` is the target's label, none here. Nothing else of the worker is mapped."""
+    raw, normalized = served(metrics_server, capture)
+    worker = usage(SGLANG)["worker_ids"][capture.removesuffix(".prom").rsplit("_", 1)[1]]
+    assert not any(s.name.startswith("vllm:") for s in raw)
+    bounds = {s.label_map["le"] for s in raw if s.name == "sglang:time_to_first_token_seconds_bucket"}
+    assert len(bounds) == 19 and "+Inf" in bounds  # SGLang's TTFT buckets, 0.1 s to 400 s
+    per_worker = {"engine": "", "role": "", "worker_id": worker}
+    for le in bounds:
+        assert model(normalized, "kv.engine.ttft.requests", **per_worker, upper_bound=le) == raw_value(
+            raw, "sglang:time_to_first_token_seconds_bucket", le=le
+        )
+    requests = model(normalized, "kv.engine.ttft.requests", **per_worker, upper_bound="+Inf")
+    assert (
+        requests
+        == raw_value(raw, "sglang:time_to_first_token_seconds_count")
+        == raw_value(raw, "sglang:num_requests_total")
+    )
+    assert requests > 0
+    assert {s.name for s in normalized} == {"kv.engine.ttft.requests"}
+
+
+def test_every_sglang_family_a_worker_serves_is_mapped_or_left_out_with_a_reason():
+    read = {name for rule in mapping_for("dynamo").rules for name in rule.match if name.startswith("sglang:")}
+    assert read == {"sglang:time_to_first_token_seconds_bucket"}
+    for capture in SGLANG_WORKERS:
+        text = (FIXTURES / capture).read_text()
+        families = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE sglang:")}
+        assert families == {"sglang:time_to_first_token_seconds"} | set(SGLANG_NOT_MAPPED), capture
+
+
+def test_behind_sglang_mockers_the_frontend_counts_no_cached_tokens_and_the_router_s_prefix_shows(metrics_server):
+    """The routed run's workload and settings, the mockers imitating SGLang: every request is counted on the
+    worker that served it, and the frontend's prompt tokens are the responses'. Their responses carry no cached
+    tokens (no prompt_tokens_details), so the frontend's cached tokens are 0; yet the engines hit their caches (the
+    last prefill batch's hit ratio above 0) and the router's cached prefix is the one the vLLM-imitating mockers
+    served in the routed run: mapped apart, the gap shows."""
+    answers = usage(SGLANG)["served"]
+    _, frontend = served(metrics_server, f"{SGLANG}_frontend.prom")
+    assert model(frontend, "kv.frontend.prompt.tokens", model="tiny") == answers["prompt_tokens"]
+    assert model(frontend, "kv.frontend.cached.tokens", model="tiny") == answers["cached_tokens"] == 0
+    routed = usage("routed")["served"]["cached_tokens"]
+    prefix = {s.label_map["choice"]: s.value for s in frontend if s.name == "kv.router.prefix.tokens"}
+    assert prefix == {"selected": routed, "best_eligible": routed} and routed > 0
+    requests = 0.0
+    for capture in SGLANG_WORKERS:
+        raw, normalized = served(metrics_server, capture)
+        requests += sum(s.value for s in normalized if s.label_map["upper_bound"] == "+Inf")
+        assert raw_value(raw, "sglang:cache_hit_rate") > 0
+    assert len(SGLANG_WORKERS) == 2 and requests == answers["requests"]
+
+
+def test_promtool_accepts_the_served_exposition_of_an_sglang_worker(metrics_server, check_metrics):
+    """An SGLang worker's TTFT series name no engine: the served series has none either, and promtool accepts it."""
+    url = metrics_server.serve("/sglang", (FIXTURES / f"{SGLANG}_worker0.prom").read_bytes())
+    text = served_exposition(parse_config({"exporter": {"listen_port": 0}, "targets": [
+        {"name": "dynamo-sglang", "source": "dynamo", "url": url}]}))  # fmt: skip
+    worker = usage(SGLANG)["worker_ids"]["worker0"]
+    assert f'\nkv_engine_ttft_requests_total{{engine="",role="",target="dynamo-sglang",upper_bound="+Inf",' \
+           f'worker_id="{worker}"}} 16' in text  # fmt: skip
+    check_metrics(text)
 
 
 SEVERAL_WORKERS = """\
