@@ -11,13 +11,15 @@ samples get their wire name back and raw samples, mappings and an auditor's Prom
 from __future__ import annotations
 
 import re
+from itertools import compress
+from operator import ne
 
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import AnyHttpUrl
 
 from kvscope.exporters.base import CollectError, Collector, TargetConfig
 from kvscope.exporters.httpget import GetError, get_for
-from kvscope.samples import Kind, Labels, Sample, labels_of
+from kvscope.samples import Kind, Sample, labels_of
 
 _KINDS: dict[str, Kind] = {"counter": "counter", "gauge": "gauge", "histogram": "histogram", "summary": "summary"}
 
@@ -54,41 +56,53 @@ def parse_exposition(source: str, text: str, target: str) -> list[Sample]:
 class ExpositionParser:
     """A target's expositions, parsed by prometheus_client; what it made of the last one is kept.
 
-    A target serves the same series scrape after scrape, only their values change (prometheus_client's parser took
-    17 ms of CPU for one scrape of a vLLM engine, bench/scrape.py). So an exposition whose skeleton (every line
-    with its sample's value and timestamp cut off) is the last one's reuses the last parse's names, labels and
-    kinds, line for line, and reads only the values. Any other exposition is parsed whole, and kept for the next
-    scrape when its samples line up one to one with its sample lines.
+    A target serves the same series scrape after scrape, and many of their values stay the same (prometheus_client's
+    parser took 17 ms of CPU for one scrape of a vLLM engine, bench/scrape.py). So an exposition with the last one's
+    number of lines is compared with it line by line: a line that did not change keeps its sample (the same object),
+    and a sample line that did is read again if its series (the line up to its value) is the same, which costs its
+    value only. Any other change (a line added, a series or comment that differs) has the exposition parsed whole,
+    and kept for the next scrape when its samples line up one to one with its sample lines.
     """
 
     def __init__(self, source: str, target: str) -> None:
         self.source, self.target = source, target
-        self._skeleton: list[tuple[str, str, str]] | None = None
-        self._series: list[tuple[str, Labels, Kind] | None] = []  # per sample line; None: not a measurement
+        self._lines: list[str] = []  # the kept exposition, line by line (empty: nothing kept)
+        self._series: list[str | None] = []  # per line: a sample line's series text; None for any other line
+        self._slots: list[int] = []  # per line: the index of its sample in _samples; -1 when not a measurement
+        self._samples: list[Sample] = []
 
     def parse(self, text: str) -> list[Sample]:
-        skeleton, values = _skeleton(text)
-        if skeleton != self._skeleton:
-            return self._parse_whole(text, skeleton, len(values))
-        try:
-            numbers = list(map(float, values))
-        except ValueError as error:
-            raise CollectError(f"{self.target}: not a Prometheus text exposition: {error}") from None
-        source = self.source
-        return [
-            Sample(source, series[0], series[1], number, series[2])
-            for series, number in zip(self._series, numbers, strict=True)
-            if series is not None
-        ]
+        lines = text.split("\n")
+        if len(lines) != len(self._lines):
+            return self._parse_whole(text, lines)
+        changed = list(compress(range(len(lines)), map(ne, lines, self._lines)))
+        if changed:
+            samples, series_of, slots = self._samples.copy(), self._series, self._slots
+            for index in changed:
+                line, series = lines[index], series_of[index]
+                rest = line[len(series) :] if series is not None and line.startswith(series) else ""
+                if rest[:1] not in (" ", "\t"):  # not a sample of the same series
+                    return self._parse_whole(text, lines)
+                if (slot := slots[index]) >= 0:
+                    try:
+                        value = float(rest.split(None, 1)[0])
+                    except (ValueError, IndexError):
+                        raise CollectError(f"{self.target}: not a Prometheus text exposition: {line!r}") from None
+                    kept = samples[slot]
+                    samples[slot] = Sample(kept.source, kept.name, kept.labels, value, kept.kind)
+            self._lines, self._samples = lines, samples
+        return self._samples.copy()
 
-    def _parse_whole(self, text: str, skeleton: list[tuple[str, str, str]], sample_lines: int) -> list[Sample]:
+    def _parse_whole(self, text: str, lines: list[str]) -> list[Sample]:
+        self._lines = []
         try:
             families = list(text_string_to_metric_families(text))
         except ValueError as error:
             raise CollectError(f"{self.target}: not a Prometheus text exposition: {error}") from None
-        wire = [series.partition("{")[0] for _, series, _ in skeleton if series]
+        series = [match[1] if (match := _SAMPLE.fullmatch(line)) else None for line in lines]
+        wire = [line_series.partition("{")[0].lstrip(" \t") for line_series in series if line_series is not None]
         on_the_wire = set(wire)
-        parsed: list[tuple[str, Labels, Kind, float] | None] = []
+        parsed: list[Sample | None] = []
         for family in families:
             kind = _KINDS.get(family.type, "unknown")
             for sample in family.samples:
@@ -96,21 +110,25 @@ class ExpositionParser:
                 if kind == "counter" and name not in on_the_wire and name.removesuffix("_total") in on_the_wire:
                     name = name.removesuffix("_total")
                 measured = not name.endswith("_created")
-                parsed.append((name, labels_of(sample.labels), kind, float(sample.value)) if measured else None)
-        names = [sample[0] if sample else None for sample in parsed]
-        aligned = len(parsed) == sample_lines and all(n is None or n == w for n, w in zip(names, wire, strict=False))
-        self._skeleton = skeleton if aligned else None
-        self._series = [sample[:3] if sample else None for sample in parsed] if aligned else []
-        return [Sample(self.source, name, labels, value, kind) for name, labels, kind, value in filter(None, parsed)]
+                parsed.append(
+                    Sample(self.source, name, labels_of(sample.labels), float(sample.value), kind) if measured else None
+                )
+        samples = [sample for sample in parsed if sample is not None]
+        aligned = len(parsed) == len(wire) and all(
+            sample is None or sample.name == name for sample, name in zip(parsed, wire, strict=True)
+        )
+        if aligned:
+            self._slots, slot, entries = [], 0, iter(parsed)
+            for line_series in series:
+                if line_series is not None and next(entries) is not None:
+                    self._slots.append(slot)
+                    slot += 1
+                else:
+                    self._slots.append(-1)
+            self._lines, self._series, self._samples = lines, series, samples
+        return samples.copy()
 
 
-# One line of an exposition: a comment; a sample (its series: the name and the label set up to the line's last
-# brace, then its value, then what follows: a timestamp); or anything else, which no parse will match. Blank lines
-# match nothing.
-_LINE = re.compile(r"^[ \t]*(?:(#.*)|([^\s#{]+(?:\{.*\})?)[ \t]+(\S+).*|(\S.*))$", re.MULTILINE)
-
-
-def _skeleton(text: str) -> tuple[list[tuple[str, str, str]], list[str]]:
-    """Each line of an exposition without its sample's value and timestamp, and the values, in line order."""
-    lines = _LINE.findall(text)
-    return [(comment, series, other) for comment, series, _, other in lines], [v for _, s, v, _ in lines if s]
+# A sample line: its series (what indents it, the name and the label set up to the line's last brace), its value,
+# then what follows (a timestamp). Comments, blank lines and anything else match nothing.
+_SAMPLE = re.compile(r"([ \t]*[^\s#{]+(?:\{.*\})?)[ \t]+\S+.*")

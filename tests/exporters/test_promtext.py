@@ -65,3 +65,30 @@ def test_a_bad_value_after_a_good_scrape_is_a_collect_error(garbage):
     parser.parse("hits_ 1\n")
     with pytest.raises(CollectError, match="t: not a Prometheus text exposition"):
         parser.parse(garbage)
+
+
+def test_a_line_that_did_not_change_keeps_its_sample_and_one_that_did_is_read_again():
+    parser = ExpositionParser("vllm", "t")
+    text = '# TYPE hits counter\nhits_total{engine="0"} 1\nhits_total{engine="1"} 2\n# TYPE used gauge\nused 5\n'
+    first = parser.parse(text)
+    first.append(first[0])  # the caller's list: the parser keeps its own
+    second = parser.parse(text.replace('"1"} 2', '"1"} 3'))
+    assert [s.value for s in second] == [1.0, 3.0, 5.0]
+    assert second[0] is first[0] and second[2] is first[2]
+    assert second == parse_exposition("vllm", text.replace('"1"} 2', '"1"} 3'), "t")
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda text: text + "\n",  # a line more
+        lambda text: text.replace('engine="1"', 'engine="2"'),  # another series
+        lambda text: text.replace("# TYPE used gauge", "# TYPE used counter"),  # another kind
+    ],
+    ids=["a line more", "another series", "another kind"],
+)
+def test_any_other_change_is_parsed_whole(change):
+    parser = ExpositionParser("vllm", "t")
+    text = '# TYPE hits counter\nhits_total{engine="0"} 1\nhits_total{engine="1"} 2\n# TYPE used gauge\nused 5\n'
+    parser.parse(text)
+    assert parser.parse(change(text)) == parse_exposition("vllm", change(text), "t")
