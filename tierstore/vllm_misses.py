@@ -260,8 +260,8 @@ class RequestMisses:
     def __init__(self, events: KvEventFollower, block_tokens: int, store: Existence | None, store_tier: str | None,
                  key_prefix: str) -> None:  # fmt: skip
         self.events, self.block_tokens, self.store, self.key_prefix = events, block_tokens, store, key_prefix
-        self.ledger = EventMissLedger(block_tokens, store_tier if store is not None else None)
         self._store_tier = store_tier if store is not None else None
+        self.ledger = EventMissLedger(block_tokens, self._store_tier)
         self._previous: list[int] = []  # the token ids of the request sent last
 
     def settle(self) -> bool:

@@ -1,18 +1,28 @@
 """A real vLLM arm's miss causes from its KV events and the store's existence check (kvscope.tierstore.vllm_misses),
 worked by hand on event tables: the frames a real vLLM 0.32 published (tests/fixtures/vllm-kv-events), and events
-built as vLLM's prefix cache (medium GPU) and Mooncake's connector (medium cpu, one per block put) publish them."""
+built as vLLM's prefix cache (medium GPU) and Mooncake's connector (medium cpu, one per block put) publish them,
+and the wait for a request's events."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
+import time
 from pathlib import Path
 
 import msgpack
 import pytest
 
 from kvscope.tierstore.misses import CAUSES
-from kvscope.tierstore.vllm_misses import BlockTable, EventMissLedger, TableStream, look_up
+from kvscope.tierstore.vllm_misses import (
+    BlockTable,
+    EventMissLedger,
+    KvEventFollower,
+    RequestMisses,
+    TableStream,
+    look_up,
+)
 
 BLOCK = 32
 FRAMES = Path(__file__).parents[1] / "fixtures" / "vllm-kv-events" / "frames-0.32.0.json"
@@ -139,3 +149,53 @@ def test_the_causes_add_up_to_the_missed_tokens_wherever_the_hits_end(hit_tokens
     ledger = EventMissLedger(BLOCK, store_tier=None)
     ledger.classify(lookup, hit_tokens, len(prompt))
     assert missed(ledger) == len(prompt) - hit_tokens
+
+
+class Store:
+    """A store's existence check that holds `held` and records what it was asked."""
+
+    def __init__(self, *held: str) -> None:
+        self.held, self.asked = set(held), []
+
+    def exist(self, keys):
+        self.asked.append(list(keys))
+        return [key in self.held for key in keys]
+
+
+def batch(timestamp: float, *events: dict) -> bytes:
+    return msgpack.packb([timestamp, list(events), 0])
+
+
+@pytest.fixture
+def follower():
+    loop = asyncio.new_event_loop()
+    events = KvEventFollower("kv-events-test", loop)  # binds 127.0.0.1; no engine connects
+    yield events
+    events.close()
+    loop.close()
+
+
+def test_a_request_waits_for_the_events_of_the_one_before_it(follower):
+    """The previous request's prompt blocks stored by vLLM and saved by the connector: settled at once. Stored by
+    vLLM alone (a refused put emits nothing): settled once the engine published nothing for the quiet time. Not
+    stored at all: the wait runs out, and is counted. Then the request is looked up: its known blocks asked of the
+    store by the connector's keys."""
+    requests = RequestMisses(follower, BLOCK, Store("model@" + A[0].hex()), "dram", "model@")
+    requests.QUIET_S, requests.TIMEOUT_S = 0.2, 0.5
+    prompt = [*TOKENS[: 2 * BLOCK], 7]
+    requests.look_up(prompt)  # sent: the next request waits for its blocks
+    now = time.time()
+    follower.stream.add(0, batch(now, stored("GPU", A[:2], TOKENS[: 2 * BLOCK])), now, "live")
+    follower.stream.add(1, batch(now, stored("cpu", A[:2], TOKENS[: 2 * BLOCK])), now, "live")
+    started = time.monotonic()
+    assert requests.settle() and time.monotonic() - started < 0.1
+    requests.look_up([*TOKENS[BLOCK : 3 * BLOCK], 7])  # its blocks (other tokens at the head) stored by vLLM only
+    now = time.time()
+    follower.stream.add(2, batch(now, stored("GPU", [A[3], A[4]], TOKENS[BLOCK : 3 * BLOCK])), now, "live")
+    started = time.monotonic()
+    assert requests.settle() and 0.15 < time.monotonic() - started < 0.45
+    lookup = requests.look_up([*TOKENS[: 3 * BLOCK], 7])  # nothing will ever be published for it
+    assert requests.store.asked[-1] == ["model@" + h.hex() for h in A[:2]]  # the third block: no event named it
+    assert lookup.held == [True, True, False] and lookup.fates == ["dram", "dram", "cold"]
+    assert not requests.settle() and follower.report()["unsettled_requests"] == 1
+    assert follower.report()["batches"] == {"live": 3}
