@@ -3,7 +3,8 @@ KVSCOPE_REQUIRE_REAL=1): a frontend with its KV router and two mocker workers on
 chat workload through the OpenAI endpoint, scraped by `kvscope scrape --once`, and the mapped values held against
 the stack's own answers: the responses' usage, the requests each worker's engine saw, the workers the frontend
 registered. A second stack with small KV caches is scraped mid-load (caches in use) and at the end (blocks evicted,
-requests preempted, the router expecting more cached prefix than the workers served)."""
+requests preempted, the router expecting more cached prefix than the workers served). A third's mockers imitate
+SGLang (`--engine-type sglang`): their TTFT buckets are counted per worker."""
 
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ ROUTED = MockerSettings(gpu_blocks=256, block_tokens=16, speedup=1000)
 # 56 blocks of 16 tokens hold about two and a half of a session's last prompts: a round's 8 requests at once evict
 # blocks and preempt requests; slower (speedup 2: the last round takes seconds) so that a scrape lands while it runs.
 SMALL = MockerSettings(gpu_blocks=56, block_tokens=16, max_num_seqs=8, speedup=2)
+# The mockers imitating SGLang: sglang:* series on their system ports instead of vllm:*.
+SGLANG = MockerSettings(gpu_blocks=256, block_tokens=16, speedup=1000, engine_type="sglang")
 
 
 @pytest.fixture
@@ -164,6 +167,32 @@ def test_small_caches_evict_preempt_and_the_router_expects_more_than_was_served(
     assert total(normalized, "kv.engine.preemptions") > 0
     prefix = by(normalized, "kv.router.prefix.tokens", "choice")
     assert prefix["best_eligible"] >= prefix["selected"] > served.cached_tokens > 0
+
+
+def test_sglang_imitating_workers_are_counted_by_their_ttft_buckets(stack_factory, tmp_path):
+    """Mockers under --engine-type sglang: their TTFT buckets are mapped under the ids the frontend registered (no
+    rank: engine ""), and count every request; nothing else of theirs is. Their responses report no cached tokens,
+    so the frontend counts none, while the router counts the cached prefix it routed to."""
+    stack = stack_factory("sglang", SGLANG)
+    workload = spec.MultiRoundWorkload(kind="multi_round", sessions=2, rounds=3, first_prompt_tokens=96,
+                                       user_tokens=32, output_tokens=8)  # fmt: skip
+    with httpx.Client(timeout=60) as client:
+        served = Conversations(stack, workload).run(client)
+    raw, normalized = kvscope_scrape(stack, tmp_path)
+    assert any(s["name"].startswith("sglang:") for s in raw) and not any(s["name"].startswith("vllm:") for s in raw)
+    served_first = [s for s in normalized if s["name"] == "kv.engine.ttft.requests"]
+    assert {s["labels"]["engine"] for s in served_first} == {""}
+    requests_by_worker = by([s for s in served_first if s["labels"]["upper_bound"] == "+Inf"],
+                            "kv.engine.ttft.requests", "worker_id")  # fmt: skip
+    assert set(requests_by_worker) <= stack.registered_workers()
+    assert sum(requests_by_worker.values()) == served.requests
+    assert {s["name"] for s in normalized if s["name"].startswith("kv.engine.")} == {
+        "kv.engine.ttft.requests",
+        "kv.engine.active.blocks",  # the frontend's count, per worker
+    }
+    assert total(normalized, "kv.frontend.prompt.tokens", model="tiny") == served.prompt_tokens
+    assert total(normalized, "kv.frontend.cached.tokens", model="tiny") == served.cached_tokens == 0
+    assert total(normalized, "kv.router.prefix.tokens", choice="selected") > 0
 
 
 def test_the_stack_listens_on_loopback_only(stack_factory):
