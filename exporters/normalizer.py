@@ -64,11 +64,19 @@ class Mapping(BaseModel):
 
     def apply(self, samples: Iterable[Sample], target_labels: dict[str, str]) -> list[Sample]:
         """The normalized samples of one scrape."""
+        return Normalizer(self, target_labels).apply(list(samples))
+
+    def positions(
+        self, samples: list[Sample], target_labels: dict[str, str]
+    ) -> tuple[list[tuple[int, int, float, tuple[str, ...]]], list[tuple[str, Labels]]]:
+        """What one scrape's raw samples add to, by position: (position, model series index, scale, value_labels)
+        in the order the sums are taken (raw names in order of appearance, their samples in order), and the model
+        series by index, in order of first contribution."""
         wanted = self._wanted
-        by_name: dict[str, list[Sample]] = {}
-        for sample in samples:
+        by_name: dict[str, list[int]] = {}
+        for position, sample in enumerate(samples):
             if sample.name in wanted:
-                by_name.setdefault(sample.name, []).append(sample)
+                by_name.setdefault(sample.name, []).append(position)
         target = tuple(target_labels.items())
         # The raw name each rule reads in this scrape (the first of its `match` present), and so the rules per name.
         chosen = tuple(next((n for n in rule.match if n in by_name), None) for rule in self.rules)
@@ -77,20 +85,16 @@ class Mapping(BaseModel):
             if len(plans) > MAX_CACHED_PLANS:
                 plans.clear()
             plan = plans[(chosen, target)] = {}
-        totals: dict[tuple[str, Labels], float] = {}
-        for name, named in by_name.items():
-            for sample in named:
-                key = (name, sample.labels)
-                if (adds := plan.get(key)) is None:
-                    adds = plan[key] = self._contributions(chosen, sample, target_labels)
+        index: dict[tuple[str, Labels], int] = {}
+        contributions = []
+        for positions in by_name.values():
+            for position in positions:
+                sample = samples[position]
+                if (adds := plan.get((sample.name, sample.labels))) is None:
+                    adds = plan[(sample.name, sample.labels)] = self._contributions(chosen, sample, target_labels)
                 for model, scale, value_labels in adds:
-                    value = _label_product(value_labels, sample.label_map) if value_labels else sample.value
-                    if value is not None:
-                        totals[model] = totals.get(model, 0.0) + value * scale
-        return [
-            Sample(self.source, name, labels, value, INSTRUMENTS[name].kind, normalized=True)
-            for (name, labels), value in totals.items()
-        ]
+                    contributions.append((position, index.setdefault(model, len(index)), scale, value_labels))
+        return contributions, list(index)
 
     def _contributions(
         self, chosen: tuple[str | None, ...], sample: Sample, target_labels: dict[str, str]
@@ -111,11 +115,57 @@ class Mapping(BaseModel):
 
     @cached_property
     def _plans(self) -> dict[tuple, dict[tuple[str, Labels], tuple]]:
-        """What the rules make of each raw series, worked out once: a source's series are the same scrape after
-        scrape, so a scrape costs one lookup per raw sample, not one per rule reading its name. (the raw name each
-        rule read, target labels) -> {(raw name, raw labels): ((model series, scale, value_labels), ...)}: every
-        model series the raw series adds to, in rule order (none when every `where` rejects it)."""
+        """What the rules make of each raw series, worked out once: when a target's series change (an engine more),
+        `positions` works out only the new ones. (the raw name each rule read, target labels) -> {(raw name, raw
+        labels): ((model series, scale, value_labels), ...)}: every model series the raw series adds to, in rule
+        order (none when every `where` rejects it)."""
         return {}
+
+
+class Normalizer:
+    """One target's scrapes normalized by a mapping, in the order the mapping's rules add them up.
+
+    A target's scrapes hold the same raw series in the same order, scrape after scrape. So what each raw sample adds
+    to is worked out by position once, as a list of (raw position, model series, scale, value_labels) in the order
+    Mapping sums them, and kept while the raw names and labels are the last scrape's: a scrape then costs one
+    multiply-add per contribution, no dictionary lookup per sample (0.42 ms of CPU for 8 NICs before). A model
+    series whose value did not change keeps its sample (the same object).
+    """
+
+    def __init__(self, mapping: Mapping, target_labels: dict[str, str]) -> None:
+        self._mapping, self._target_labels = mapping, target_labels
+        self._keys: list[tuple[str, Labels]] | None = None  # the raw (name, labels) the plan was worked out for
+        self._plan: list[tuple[int, int, float, tuple[str, ...]]] = []  # (position, model index, scale, value_labels)
+        self._models: list[tuple[str, Labels]] = []  # model series by index
+        self._last: list[Sample | None] = []  # the last sample of each model series
+
+    def apply(self, samples: list[Sample]) -> list[Sample]:
+        keys = [(sample.name, sample.labels) for sample in samples]
+        if keys != self._keys:
+            self._plan, self._models = self._mapping.positions(samples, self._target_labels)
+            self._last = [None] * len(self._models)
+            self._keys = keys
+        totals = [0.0] * len(self._models)
+        present = [False] * len(self._models)
+        order = []  # model series in the order each got its first value
+        for position, model, scale, value_labels in self._plan:
+            sample = samples[position]
+            value = _label_product(value_labels, sample.label_map) if value_labels else sample.value
+            if value is not None:
+                if not present[model]:
+                    present[model] = True
+                    order.append(model)
+                totals[model] += value * scale
+        normalized = []
+        for model in order:
+            last, value = self._last[model], totals[model]
+            if last is None or last.value != value:  # NaN never equals itself: a new sample each time
+                name, labels = self._models[model]
+                last = self._last[model] = Sample(
+                    self._mapping.source, name, labels, value, INSTRUMENTS[name].kind, normalized=True
+                )
+            normalized.append(last)
+        return normalized
 
 
 def _model_series(rule: Rule, raw: dict[str, str], target_labels: dict[str, str]) -> tuple[str, Labels] | None:

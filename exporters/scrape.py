@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvscope.exporters.base import CollectError, Collector, ReadError, TargetConfig, collectors
-from kvscope.exporters.normalizer import Mapping, mapping_for
+from kvscope.exporters.normalizer import Normalizer, mapping_for
 from kvscope.samples import Labels, Sample
 
 
@@ -77,7 +77,7 @@ class Scraper:
         sources = collectors()
         self.states = {target.name: TargetState(target) for target in targets}
         self._collectors: dict[str, Collector] = {t.name: sources[t.source](t) for t in targets}
-        self._mappings: dict[str, Mapping] = {t.name: mapping_for(t.source) for t in targets}
+        self._normalizers = {t.name: Normalizer(mapping_for(t.source), t.labels) for t in targets}
         self._on_scrape = on_scrape
 
     async def scrape(self, name: str) -> TargetState:
@@ -102,7 +102,7 @@ class Scraper:
             state.reset_count += len(resets)
             state.recent_resets.extend(resets)
             state.raw = raw
-            state.normalized = self._mappings[name].apply(raw, state.config.labels)
+            state.normalized = self._normalizers[name].apply(raw)
             state.up, state.last_error, state.scraped_at = True, None, now
         _count_read_errors(state, collector.take_read_errors())
         state.duration_s = time.monotonic() - started
