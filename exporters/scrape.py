@@ -57,7 +57,6 @@ class TargetState:
     normalized: list[Sample] = field(default_factory=list)
     reset_count: int = 0
     recent_resets: deque[CounterReset] = field(default_factory=lambda: deque(maxlen=100))
-    counters: dict[tuple[str, Labels], float] = field(default_factory=dict)  # the last scrape's, for resets
     read_errors: Counter[str] = field(default_factory=Counter)  # by reason, since the start
     failing: dict[tuple[str, str], ReadError] = field(default_factory=dict)  # (what, reason) the last scrape hit
 
@@ -96,9 +95,7 @@ class Scraper:
             self._fail(state, f"{name}: {type(error).__name__}: {error}")
         else:
             now = time.time()
-            counters = {(s.name, s.labels): s.value for s in raw if s.kind == "counter"}
-            resets = _resets(name, state.counters, counters, now)
-            state.counters = counters
+            resets = _resets(name, state.raw, raw, now)
             state.reset_count += len(resets)
             state.recent_resets.extend(resets)
             state.raw = raw
@@ -174,12 +171,28 @@ def _count_read_errors(state: TargetState, errors: list[ReadError]) -> None:
     state.failing = now
 
 
-def _resets(
-    target: str, before: dict[tuple[str, Labels], float], after: dict[tuple[str, Labels], float], now: float
-) -> list[CounterReset]:
-    """Counters lower than in the previous scrape: each one a restarted source."""
+def _resets(target: str, before: list[Sample], after: list[Sample], now: float) -> list[CounterReset]:
+    """Counters lower than in the previous scrape: each one a restarted source. A scrape with the last one's series
+    in the same order is compared position by position (a sample the source kept, the same object, is skipped);
+    any other by name and labels."""
+    if len(before) == len(after):
+        resets = []
+        for old, new in zip(before, after, strict=True):
+            if old is new:
+                continue
+            if old.name != new.name or old.labels != new.labels:
+                break
+            if new.kind == "counter" and old.kind == "counter" and new.value < old.value:
+                resets.append(CounterReset(target, new.name, new.labels, old.value, new.value, now))
+        else:
+            return resets
+    last = _counters(before)
     return [
-        CounterReset(target, name, labels, before[(name, labels)], value, now)
-        for (name, labels), value in after.items()
-        if value < before.get((name, labels), float("-inf"))
+        CounterReset(target, name, labels, last[(name, labels)], value, now)
+        for (name, labels), value in _counters(after).items()
+        if value < last.get((name, labels), float("-inf"))
     ]
+
+
+def _counters(samples: list[Sample]) -> dict[tuple[str, Labels], float]:
+    return {(s.name, s.labels): s.value for s in samples if s.kind == "counter"}

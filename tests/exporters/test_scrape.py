@@ -72,6 +72,27 @@ def test_a_target_that_comes_back_is_up_again_and_a_restart_is_a_reset(metrics_s
     assert (reset.name, reset.before, reset.after) == ("vllm:prefix_cache_queries_total", 1000.0, 10.0)
 
 
+def test_a_reset_is_found_whether_the_series_stayed_in_place_or_not(metrics_server):
+    """Series in the last scrape's order are compared by position; moved or new ones by name and labels."""
+    gauge = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running %s\n"
+    url = metrics_server.serve("/m", GOOD % 1000 + gauge % 3)
+    scraper = scraper_for([target("vllm-a", url)])
+
+    async def scrapes(*bodies: str) -> list[int]:
+        counts = []
+        try:
+            for body in bodies:
+                metrics_server.serve("/m", body)
+                counts.append((await scraper.scrape("vllm-a")).reset_count)
+        finally:
+            await scraper.close()
+        return counts
+
+    in_place = GOOD % 10 + gauge % 1  # the counter went back, the gauge down (not a reset)
+    moved = gauge % 1 + GOOD % 5  # the counter went back again, on another line
+    assert asyncio.run(scrapes(GOOD % 1000 + gauge % 3, in_place, moved, moved)) == [0, 1, 2, 2]
+
+
 def test_run_scrapes_on_the_interval_until_stopped(metrics_server):
     scraper = scraper_for([target("vllm-a", metrics_server.serve("/m", GOOD % 5), interval_s=0.1)])
 
