@@ -237,9 +237,11 @@ class _Scan:
         self.errors.append((reason, path, detail))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Number:
-    """A numeric attribute and the sample it gives, its labels built once."""
+    """A numeric attribute and the samples it gives, its labels built once. What the last read made of the file's
+    bytes is kept: the same bytes (most counters of a port, scrape after scrape) give the same samples, the same
+    objects, without parsing them again."""
 
     attr: _Attr
     name: str
@@ -248,6 +250,25 @@ class _Number:
     max_value: int | None = None  # a PMA counter of fixed width: the value at which it is stuck
     data: str | None = None  # "group/file" of a file that can count the port's data (DATA_FILES)
     hw_counter: str | None = None  # a hw counter's file name (`rdma -j statistic show` does not repeat it)
+    last: bytes | None = None  # the bytes of the last read that gave a value
+    value: int = 0  # that value
+    samples: tuple[Sample, ...] = ()  # and its samples: the value's, and for a PMA counter its saturation flag
+
+    def sample(self, scan: _Scan) -> int | None:
+        """Read the file and add its samples to `scan`; returns the value (None: N/A or a read error of `scan`)."""
+        data = self.attr.read(scan)
+        if data is None or data != self.last:
+            value = _number(self.attr, data, scan)
+            if value is None:
+                self.last = None
+                return None
+            samples = [Sample(SOURCE, self.name, self.labels, float(value), self.kind)]
+            if self.max_value is not None:
+                stuck = float(value == self.max_value)
+                samples.append(Sample(SOURCE, "rdma_port_counter_saturated", self.labels, stuck, "gauge"))
+            self.last, self.value, self.samples = data, value, tuple(samples)
+        scan.samples.extend(self.samples)
+        return self.value
 
 
 @dataclass(slots=True)
@@ -267,6 +288,11 @@ class _PortFiles:
     hw: list[_Number]
     ndevs: list[str]  # gid_attrs/ndevs/* by index, and the PCI function's net/: where the netdev is looked up
     net: str
+    # What the last scrape made of the port (see _Number): its data words' samples by file, and the texts of its
+    # link layer, state, physical state and rate with the samples they gave (None: they gave a read error)
+    words: dict[str, Sample] = field(default_factory=dict)
+    texts: tuple[str | None, ...] | None = None
+    attributes: tuple[Sample, ...] = ()
 
 
 @dataclass(slots=True)
@@ -277,6 +303,8 @@ class _DeviceFiles:
     info: list[tuple[str, _Attr]]
     hw: list[_Number]
     ports: list[_PortFiles]
+    texts: tuple[str | None, ...] | None = None  # the info files' texts last read, and the sample they gave
+    info_samples: tuple[Sample, ...] = ()
 
 
 @dataclass(slots=True)
@@ -466,9 +494,13 @@ class RdmaCollector(Collector):
         each of its files is read for the first time, and a netdev that changed since the listing is not checked."""
         scan = _Scan(errors=list(layout.broken))
         for device in layout.found:
-            info = {name: text for name, attr in device.info if (text := _text(attr, scan))}
-            if info:
-                scan.add("rdma_device_info", {**device.labels, **info}, 1, "info")
+            texts = tuple(_text(attr, scan) for _, attr in device.info)
+            if texts != device.texts:
+                info = {name: text for (name, _), text in zip(device.info, texts, strict=True) if text}
+                labels = labels_of({**device.labels, **info})
+                device.info_samples = (Sample(SOURCE, "rdma_device_info", labels, 1.0, "info"),) if info else ()
+                device.texts = texts
+            scan.samples.extend(device.info_samples)
             _read_hw_counters(scan, device.hw)
             for port in device.ports:
                 _read_port(scan, port, fresh)
@@ -516,48 +548,54 @@ def _read_port(scan: _Scan, port: _PortFiles, fresh: bool) -> None:
     netdev = _netdev(port.ndevs, port.net, port.port, link_layer)
     if netdev != port.labels["netdev"] and not fresh:
         raise _Stale(f"{port.device}/{port.port}: netdev {port.labels['netdev']!r} is now {netdev!r}")
-    samples = scan.samples
     words = _read_counters(scan, port.counters)
     for candidates in port.data_words:
         for data, labels in candidates:
             if data in words:
-                samples.append(Sample(SOURCE, "rdma_port_data_words", labels, float(words[data]), "counter"))
+                value, kept = float(words[data]), port.words.get(data)
+                if kept is None or kept.value != value:
+                    kept = port.words[data] = Sample(SOURCE, "rdma_port_data_words", labels, value, "counter")
+                scan.samples.append(kept)
                 break
     scan.ports[(port.device, port.port)] = _Port(port.labels, _read_hw_counters(scan, port.hw))
+    texts = (link_layer, _text(port.state, scan), _text(port.phys_state, scan), _text(port.rate, scan))
+    if texts != port.texts:
+        errors = len(scan.errors)
+        port.attributes = _attribute_samples(scan, port, *texts)
+        port.texts = texts if len(scan.errors) == errors else None  # a text that is no state is reported again
+    scan.samples.extend(port.attributes)
 
-    state, state_name = _state(port.state, scan)
-    phys, phys_name = _state(port.phys_state, scan)
-    rate_text = _text(port.rate, scan)
+
+def _attribute_samples(
+    scan: _Scan, port: _PortFiles, link_layer: str, state_text: str | None, phys_text: str | None, rate: str | None
+) -> tuple[Sample, ...]:
+    """The port's state, physical state, rate and info samples, from the texts of its attributes."""
+    samples = []
+    state, state_name = _state(port.state, state_text, scan)
+    phys, phys_name = _state(port.phys_state, phys_text, scan)
     if state is not None:
         samples.append(Sample(SOURCE, "rdma_port_state", port.labels_key, float(state), "gauge"))
     if phys is not None:
         samples.append(Sample(SOURCE, "rdma_port_phys_state", port.labels_key, float(phys), "gauge"))
-    if rate_text is not None and port.rate is not None:
+    if rate is not None and port.rate is not None:
         try:
-            gbps = rdma_text.rate_gbps(rate_text)
+            gbps = rdma_text.rate_gbps(rate)
         except BadValue as bad:
             scan.error(bad.reason, port.rate.path, bad.detail)
         else:
             samples.append(Sample(SOURCE, "rdma_port_rate_gbps", port.labels_key, gbps, "gauge"))
-    rate_text = rate_text or ""
-    info = {"state": state_name, "phys_state": phys_name, "link_layer": link_layer, "rate": rate_text}
-    scan.add("rdma_port_info", {**port.labels, **info}, 1, "info")
+    info = {"state": state_name, "phys_state": phys_name, "link_layer": link_layer, "rate": rate or ""}
+    samples.append(Sample(SOURCE, "rdma_port_info", labels_of({**port.labels, **info}), 1.0, "info"))
+    return tuple(samples)
 
 
 def _read_counters(scan: _Scan, counters: list[_Number]) -> dict[str, int]:
     """counters/ and counters_ext/, with the saturation flag of the PMA counters; returns the values of the files
     that can count the port's data."""
-    samples = scan.samples
     words = {}
     for counter in counters:
-        value = _number(counter.attr, scan)
-        if value is None:
-            continue
-        samples.append(Sample(SOURCE, counter.name, counter.labels, float(value), "counter"))
-        if counter.max_value is not None:
-            stuck = float(value == counter.max_value)
-            samples.append(Sample(SOURCE, "rdma_port_counter_saturated", counter.labels, stuck, "gauge"))
-        if counter.data is not None:
+        value = counter.sample(scan)
+        if value is not None and counter.data is not None:
             words[counter.data] = value
     return words
 
@@ -566,19 +604,15 @@ def _read_hw_counters(scan: _Scan, numbers: list[_Number]) -> set[str]:
     """hw_counters/*; returns the names of the counters read."""
     seen = set()
     for number in numbers:
-        value = _number(number.attr, scan)
-        if value is None:
-            continue
-        scan.samples.append(Sample(SOURCE, number.name, number.labels, float(value), number.kind))
-        if number.hw_counter is not None:
+        if number.sample(scan) is not None and number.hw_counter is not None:
             seen.add(number.hw_counter)
     return seen
 
 
-def _number(attr: _Attr, scan: _Scan) -> int | None:
-    """A sysfs counter (unsigned decimal, at most 64 bits); None for "N/A (no PMA)" and, reported as a read error
-    of `scan`, for a file that cannot be read or does not hold such a number."""
-    data = attr.read(scan)
+def _number(attr: _Attr, data: bytes | None, scan: _Scan) -> int | None:
+    """A sysfs counter's bytes read from `attr` (unsigned decimal, at most 64 bits); None for "N/A (no PMA)" and,
+    reported as a read error of `scan`, for a file that could not be read (`data` None, reported by the read) or
+    does not hold such a number."""
     if data is None:
         return None
     try:
@@ -601,9 +635,9 @@ def _text(attr: _Attr | None, scan: _Scan) -> str | None:
         return None
 
 
-def _state(attr: _Attr | None, scan: _Scan) -> tuple[int | None, str]:
-    """A port state attribute: "4: ACTIVE" -> (4, "ACTIVE"); (None, "") when absent or not a state (reported)."""
-    value = _text(attr, scan)
+def _state(attr: _Attr | None, value: str | None, scan: _Scan) -> tuple[int | None, str]:
+    """A port state attribute's text: "4: ACTIVE" -> (4, "ACTIVE"); (None, "") when absent, (None, the text) when
+    not a state (reported)."""
     if attr is None or value is None:
         return None, ""
     try:

@@ -629,6 +629,33 @@ def test_a_32_bit_hw_counter_at_its_maximum_is_exported_raw_and_its_wrap_is_a_re
     assert [(dict(r.labels)["counter"], r.before, r.after) for r in resets] == [("out_of_buffer", 4294967295, 6)]
 
 
+def test_a_file_whose_bytes_did_not_change_keeps_its_samples_and_one_that_did_is_read_again(tmp_path):
+    roce_host(tmp_path)
+    counters = tmp_path / "class/infiniband/mlx5_0/ports/1/counters"
+    write(counters / "symbol_error", "65535")  # 16 bits: saturated
+    collector = RdmaCollector(config_of(tmp_path))
+
+    async def scrapes() -> list[tuple[list, list]]:
+        seen = []
+        try:
+            for symbol_error in ("65535", "3", "x", "x"):
+                write(counters / "symbol_error", symbol_error)
+                seen.append((await collector.collect(), collector.take_read_errors()))
+        finally:
+            await collector.close()
+        return seen
+
+    (first, _), (second, _), (third, errors), (fourth, errors_again) = asyncio.run(scrapes())
+    assert value(first, "rdma_port_counter_saturated", counter="symbol_error") == 1
+    assert value(second, "rdma_port_counter", counter="symbol_error") == 3
+    assert value(second, "rdma_port_counter_saturated", counter="symbol_error") == 0
+    unchanged = [s for s in second if s.label_map.get("counter") != "symbol_error"]
+    assert unchanged and all(any(s is kept for kept in first) for s in unchanged), "the same sample objects"
+    # a file that does not hold a number is a read error every scrape, its bytes the same or not
+    assert [e.reason for e in errors] == [e.reason for e in errors_again] == ["unparseable"]
+    assert find(fourth, "rdma_port_counter", counter="symbol_error") == []
+
+
 # --- files kept open between scrapes -----------------------------------------------------------------------------
 
 
