@@ -69,6 +69,9 @@ class Exposition:
         self._target_info = _render([info])  # the resource's attributes, as OpenTelemetry's exporter writes them
         # (sample name, labels, target, label keys) -> [the series' text before its value, last value, its line]
         self._series: dict[tuple, list] = {}
+        # sample name -> the family's rows when last rendered, and its lines: rows equal to the last (the same label
+        # tuples, targets and values) are not looked at one by one again
+        self._families: dict[str, tuple[list[Row], str]] = {}
         self._lock = threading.Lock()  # two scrapes at once must not interleave their updates of one series
 
     def render(self, families: Iterable[tuple[Family, Sequence[Row]]]) -> str:
@@ -76,12 +79,20 @@ class Exposition:
         with self._lock:
             if len(self._series) > MAX_CACHED_SERIES:
                 self._series.clear()
+                self._families.clear()
             parts = [self._target_info]
             for family, rows in families:
                 if rows:
                     parts.append(family.header)
-                    parts.extend(self._lines(family.sample_name, rows))
+                    parts.append(self._family_lines(family.sample_name, rows))
             return "".join(parts)
+
+    def _family_lines(self, sample_name: str, rows: Sequence[Row]) -> str:
+        last = self._families.get(sample_name)
+        if last is None or last[0] != rows:
+            rows = list(rows)
+            last = self._families[sample_name] = (rows, "".join(self._lines(sample_name, rows)))
+        return last[1]
 
     def _lines(self, sample_name: str, rows: Sequence[Row]) -> Iterator[str]:
         keys: set[str] = set()

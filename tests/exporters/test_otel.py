@@ -119,6 +119,32 @@ def test_the_endpoint_serves_what_opentelemetry_s_prometheus_exporter_would(metr
         bridge.shutdown()
 
 
+def test_a_render_after_values_or_series_changed_is_what_a_fresh_render_gives(metrics_server):
+    """The exposition keeps each family's text while its rows stay the same: a later render, after some values
+    changed and after a series went away, is the text a new bridge renders over the same snapshots."""
+    text = OFFLOADING.read_text()
+    queries = 'vllm:prefix_cache_queries_total{engine="0",model_name="synthetic/model-8b"} %s'
+    url = metrics_server.serve("/metrics", text)
+    config = parse_config(
+        {"exporter": {"listen_port": 0}, "targets": [{"name": "vllm-a", "source": "vllm", "url": url}]}
+    )
+    scraper = Scraper(config.targets)
+    kept = TelemetryBridge(scraper, config.exporter)
+    try:
+        busier = text.replace(queries % "18432.0", queries % "20000.0")  # a value changed
+        for body in (text, busier, "\n".join(line for line in busier.splitlines() if 'engine="1"' not in line)):
+            metrics_server.serve("/metrics", body)
+            scrape_once(scraper)
+            fresh = TelemetryBridge(scraper, config.exporter)
+            try:
+                assert kept.prometheus_text() == fresh.prometheus_text()
+            finally:
+                fresh.shutdown()
+        assert 'kv_prefix_query_tokens_total{engine="0",layer="gpu",target="vllm-a"} 20000.0' in kept.prometheus_text()
+    finally:
+        kept.shutdown()
+
+
 def test_the_endpoint_compresses_when_asked_and_serves_nothing_else(bridge_factory):
     bridge = bridge_factory()
     url = f"http://127.0.0.1:{bridge.serve()}"
