@@ -91,11 +91,10 @@ scrape's answer: Δcounter / (Δticks / tick_rate). No `ticks` (targets before i
 ticks not advancing or a counter that went backwards (bdev_reset_iostat, restart) give no rate, never a wall-clock
 one.
 
-The `spdk` client (26.9) measures its read timeout in process CPU time (`time.process_time`, every thread of
-the process), and if that budget runs out between two reads, `settimeout(<negative>)` raises ValueError, which its
-read loop swallows and retries forever, never reading again. A trickling peer (whitespace, never an answer) also
-keeps it reading past any timeout. So a scrape that runs out of time shuts the socket down and lifts the client's
-timeout (1e9 s, positive again whatever CPU time passed), so the worker thread reads EOF and ends.
+Each read waits what is left of the worker's deadline in wall time (exporters/spdk_rpc.py's Client: the `spdk`
+client's own recv, in 26.9, counts process CPU time of every thread, and once that budget is spent its loop
+retries a negative socket timeout forever, never reading again). A scrape that runs out of time shuts the socket
+down, so the worker thread reads EOF and ends.
 """
 
 from __future__ import annotations

@@ -684,11 +684,11 @@ def test_a_slow_reply_fails_within_the_timeout_and_the_next_scrape_reconnects(pe
     assert peer.connections == 2
 
 
-def test_the_clients_cpu_time_budget_running_out_leaves_no_spinning_thread(peer_factory, monkeypatch):
+def test_the_clients_reads_wait_in_wall_time_not_cpu_time(peer_factory, monkeypatch):
     # spdk 26.9's JSONRPCClient.recv computes each wait as timeout - (time.process_time() - start): CPU time of
-    # the whole process. Once that is negative, socket.settimeout raises ValueError, which recv's loop swallows
-    # and retries without ever reading again. Make process CPU time run fast (1 s per look at the clock) so the
-    # very first read of the scrape does that; the scrape must still end in time and its thread must end.
+    # the whole process. Once that is negative, socket.settimeout raises ValueError, which its loop swallows and
+    # retries without ever reading again. kvscope's client waits in wall time: with process CPU time running fast
+    # (1 s per look at the clock) the scrape still reads every answer, well within its time.
     clock = itertools.count()
     monkeypatch.setattr(time, "process_time", lambda: float(next(clock)))
     collector = make_collector(peer_factory(), timeout_s=0.5)
@@ -696,16 +696,14 @@ def test_the_clients_cpu_time_budget_running_out_leaves_no_spinning_thread(peer_
     async def run():
         try:
             started = time.monotonic()
-            with pytest.raises(CollectError, match=r"no complete answer within 0.5 s"):
-                await collector.collect()
-            elapsed = time.monotonic() - started
-            await asyncio.wait({collector._worker}, timeout=1.0)
-            return elapsed, collector._worker.done()
+            raw = await collector.collect()
+            return raw, time.monotonic() - started
         finally:
             await collector.close()
 
-    elapsed, ended = asyncio.run(run())
-    assert elapsed < 1.5 and ended  # bounded by timeout_s (slack for a loaded machine), and the thread ended
+    raw, elapsed = asyncio.run(run())
+    assert value(raw, "spdk_bdev_bytes_read", bdev="Malloc0") == 2227339264
+    assert elapsed < 0.5
 
 
 def test_the_scrape_loop_runs_it(peer_factory):
