@@ -7,7 +7,7 @@ Mooncake): it is counted and reported, and consumers take increases the way Prom
 of a target that could not be read (exporters.base.ReadError) is counted per reason, and logged when it starts
 failing and when it reads again, not at every scrape.
 
-Isolation: each scrape is bounded by its target's `timeout_s` (asyncio.wait_for); past it the target is down with
+Isolation: each scrape is bounded by its target's `timeout_s` (asyncio.timeout); past it the target is down with
 `<target>: no answer within N s` and the loop moves on. A source's blocking work (file reads, a blocking RPC
 client) runs on threads of its target's own (`Collector.blocking`), never on the event loop's shared executor, so a
 read that never returns holds one thread of one target: while it is stuck that target's scrapes fail at once
@@ -20,7 +20,6 @@ within a second or two, and `--once` returns, however long a read is stuck.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import Counter, deque
@@ -86,7 +85,8 @@ class Scraper:
         state.scrapes += 1
         collector = self._collectors[name]
         try:
-            raw = await asyncio.wait_for(collector.collect(), state.config.timeout_s)
+            async with asyncio.timeout(state.config.timeout_s):  # no task of its own, as wait_for makes
+                raw = await collector.collect()
         except TimeoutError:
             self._fail(state, f"{name}: no answer within {state.config.timeout_s:g} s")
         except CollectError as error:
@@ -114,8 +114,8 @@ class Scraper:
     async def run(self, stop: asyncio.Event) -> None:
         """Scrape every target on its interval until `stop` is set; a scrape still in progress then gets
         STOP_GRACE_S to finish and is abandoned after it (a thread stuck in a read is never waited for)."""
-        loops = [asyncio.ensure_future(self._loop(name, stop)) for name in self.states]
         stopped = asyncio.ensure_future(stop.wait())
+        loops = [asyncio.ensure_future(self._loop(name, stop, stopped)) for name in self.states]
         try:
             done, _ = await asyncio.wait([*loops, stopped], return_when=asyncio.FIRST_COMPLETED)
             if stopped in done and loops:
@@ -142,15 +142,15 @@ class Scraper:
         except Exception as error:  # e.g. CollectError: a read of the target is still stuck
             log.warning("%s: not closed cleanly: %s", name, error)
 
-    async def _loop(self, name: str, stop: asyncio.Event) -> None:
+    async def _loop(self, name: str, stop: asyncio.Event, stopped: asyncio.Future) -> None:
+        """Scrape `name` every interval until `stop` is set (`stopped`: its wait, shared by every target's loop)."""
         interval = self.states[name].config.interval_s
         next_at = time.monotonic()
         while not stop.is_set():
             await self.scrape(name)
             next_at += interval
             next_at = max(next_at, time.monotonic())  # a scrape that overran its interval is not made up for
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), next_at - time.monotonic())
+            await asyncio.wait([stopped], timeout=next_at - time.monotonic())
 
     @staticmethod
     def _fail(state: TargetState, message: str) -> None:
