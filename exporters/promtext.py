@@ -59,9 +59,11 @@ class ExpositionParser:
     A target serves the same series scrape after scrape, and many of their values stay the same (prometheus_client's
     parser took 17 ms of CPU for one scrape of a vLLM engine, bench/scrape.py). So an exposition with the last one's
     number of lines is compared with it line by line: a line that did not change keeps its sample (the same object),
-    and a sample line that did is read again if its series (the line up to its value) is the same, which costs its
-    value only. Any other change (a line added, a series or comment that differs) has the exposition parsed whole,
-    and kept for the next scrape when its samples line up one to one with its sample lines.
+    and the sample lines that did are read again if their series (each line up to its value) are the same, which
+    costs their values only (checked and converted a list at a time: a vLLM engine's 555 samples in 0.07 ms of CPU
+    unchanged, 0.41 ms with every value changed, most of it making their samples). Any other change (a line added,
+    a series or comment that differs) has the exposition parsed whole, and kept for the next scrape when its samples
+    line up one to one with its sample lines.
     """
 
     def __init__(self, source: str, target: str) -> None:
@@ -77,21 +79,31 @@ class ExpositionParser:
             return self._parse_whole(text, lines)
         changed = list(compress(range(len(lines)), map(ne, lines, self._lines)))
         if changed:
-            samples, series_of, slots = self._samples.copy(), self._series, self._slots
-            for index in changed:
-                line, series = lines[index], series_of[index]
-                rest = line[len(series) :] if series is not None and line.startswith(series) else ""
-                if rest[:1] not in (" ", "\t"):  # not a sample of the same series
-                    return self._parse_whole(text, lines)
+            changed_lines = [lines[index] for index in changed]
+            series = [self._series[index] for index in changed]
+            if None in series or not all(map(str.startswith, changed_lines, series)):
+                return self._parse_whole(text, lines)  # not a sample line of the same series
+            rests = [line[len(line_series) :] for line, line_series in zip(changed_lines, series, strict=True)]
+            if not all(map(_SEPARATOR, rests)):
+                return self._parse_whole(text, lines)
+            try:
+                values = list(map(float, rests))  # float() takes the blank before the value
+            except ValueError:  # a timestamp after it, or no number
+                values = [self._value(rest) for rest in rests]
+            samples, slots = self._samples.copy(), self._slots
+            for index, value in zip(changed, values, strict=True):
                 if (slot := slots[index]) >= 0:
-                    try:
-                        value = float(rest.split(None, 1)[0])
-                    except (ValueError, IndexError):
-                        raise CollectError(f"{self.target}: not a Prometheus text exposition: {line!r}") from None
                     kept = samples[slot]
                     samples[slot] = Sample(kept.source, kept.name, kept.labels, value, kept.kind)
             self._lines, self._samples = lines, samples
         return self._samples.copy()
+
+    def _value(self, rest: str) -> float:
+        """The value of a sample line's rest (what follows its series)."""
+        try:
+            return float(rest.split(None, 1)[0])
+        except (ValueError, IndexError):
+            raise CollectError(f"{self.target}: not a Prometheus text exposition: {rest.strip()!r}") from None
 
     def _parse_whole(self, text: str, lines: list[str]) -> list[Sample]:
         self._lines = []
@@ -132,3 +144,4 @@ class ExpositionParser:
 # A sample line: its series (what indents it, the name and the label set up to the line's last brace), its value,
 # then what follows (a timestamp). Comments, blank lines and anything else match nothing.
 _SAMPLE = re.compile(r"([ \t]*[^\s#{]+(?:\{.*\})?)[ \t]+\S+.*")
+_SEPARATOR = re.compile(r"[ \t]").match  # what separates a sample line's series from its value
