@@ -24,6 +24,7 @@ from prometheus_client import REGISTRY, generate_latest
 from kvscope import __version__
 from kvscope.exporters.config import ExporterSettings, OtlpConfig
 from kvscope.exporters.exposition import Exposition, Family, MetricsServer, Row
+from kvscope.exporters.process_metrics import use_lean_process_collector
 from kvscope.exporters.scrape import Scraper, TargetState
 from kvscope.model import INSTRUMENTS
 
@@ -69,6 +70,7 @@ class TelemetryBridge:
         """`readers`: OpenTelemetry metric readers besides OTLP's (another exporter of the same instruments)."""
         self.scraper = scraper
         self.settings = settings
+        use_lean_process_collector()  # the process_* series of metrics_body, read cheaply
         resource = Resource.create({"service.name": "kvscope-exporter", "service.version": __version__})
         attributes = {key: v if isinstance(v, str) else json.dumps(v) for key, v in resource.attributes.items()}
         self.exposition = Exposition(attributes)
