@@ -26,7 +26,7 @@ import httpx
 import pytest
 import yaml
 
-from kvscope.exporters.base import Collector
+from kvscope.exporters.base import Collector, TargetConfig
 from kvscope.exporters.config import parse_config
 from kvscope.exporters.scrape import Scraper
 from kvscope.processes import free_port
@@ -116,6 +116,19 @@ def test_a_stuck_read_holds_one_thread_and_the_healthy_target_stays_up_every_rou
     assert scraper.states["wedged"].failing.keys() == {(str(fifo), "timeout")}
     assert "timeout" not in scraper.states["nics"].read_errors
     assert stuck._blocking.done.wait(5), "the released read ends and its thread with it"
+
+
+def test_a_targets_calls_run_on_one_thread_of_its_own_kept_until_its_collector_is_gone():
+    collector = FifoReader(TargetConfig(name="own", source="rdma"), Path(os.devnull))
+
+    async def calls(collector: Collector) -> list[str]:
+        return [await collector.blocking(lambda: threading.current_thread().name) for _ in range(3)]
+
+    assert asyncio.run(calls(collector)) == ["kvscope own"] * 3
+    [thread] = [thread for thread in threading.enumerate() if thread.name == "kvscope own"]
+    del collector
+    thread.join(5)
+    assert not thread.is_alive(), "the thread ends with its collector"
 
 
 def test_scrape_once_returns_while_a_read_is_stuck_and_reports_the_rest(tmp_path):
