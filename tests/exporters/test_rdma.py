@@ -645,7 +645,7 @@ def test_a_file_whose_bytes_did_not_change_keeps_its_samples_and_one_that_did_is
             await collector.close()
         return seen
 
-    (first, _), (second, _), (third, errors), (fourth, errors_again) = asyncio.run(scrapes())
+    (first, _), (second, _), (_, errors), (fourth, errors_again) = asyncio.run(scrapes())
     assert value(first, "rdma_port_counter_saturated", counter="symbol_error") == 1
     assert value(second, "rdma_port_counter", counter="symbol_error") == 3
     assert value(second, "rdma_port_counter_saturated", counter="symbol_error") == 0
