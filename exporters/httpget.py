@@ -115,7 +115,7 @@ class PlainGet:
         try:
             _, connection = await loop.create_connection(lambda: _Connection(loop), self._host, self._port)
         except OSError as error:
-            raise GetError(f"cannot connect to {self._host}:{self._port}: {error.strerror or error!r}") from None
+            raise GetError(f"cannot connect to {self._host}:{self._port}: {error.strerror or repr(error)}") from None
         return connection
 
     def _drop(self) -> None:
