@@ -7,11 +7,11 @@ request built once on a connection kept between scrapes and reads the answer wit
 lengths, chunks, keep-alive), about 0.3 ms. It asks for the body uncompressed (a target on the node's network is
 not worth the gzip on both sides; an answer compressed anyway is decompressed).
 
-A URL it does not take (https, a user and password, an HTTP proxy in the environment) goes through httpx, as every
-GET did before (`HttpxGet`). Either way the answer is the body's text or a `GetError` saying why not: no connection,
-a status other than 2xx, a malformed answer, no answer within the target's timeout. A connection kept from the last
-scrape that turns out closed before answering is opened again once (a GET can be repeated); one a scrape abandoned
-(its deadline, an error) is closed, never reused mid-answer.
+A URL it does not take (https, a user and password, an HTTP proxy in the environment) goes through httpx
+(`HttpxGet`: its TLS, credentials and proxy settings). Either way the answer is the body's text or a `GetError`
+saying why not: no connection, a status other than 2xx, a malformed answer, no answer within the target's timeout.
+A connection kept from the last scrape that turns out closed before answering is opened again once (a GET can be
+repeated); one a scrape abandoned (its deadline, an error) is closed, never reused mid-answer.
 """
 
 from __future__ import annotations
