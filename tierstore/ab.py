@@ -21,6 +21,7 @@ from kvscope import __version__
 from kvscope.tierstore import scenario as spec
 from kvscope.tierstore.backends import make_backend
 from kvscope.tierstore.engine import EngineEmulator, RequestClock, Served
+from kvscope.tierstore.lifecycle import lifecycle_report
 from kvscope.tierstore.live import ENGINES
 from kvscope.tierstore.misses import causes_between
 from kvscope.tierstore.mooncake_tier import MooncakeTier
@@ -121,9 +122,10 @@ def ttft_model(scenario: spec.Scenario) -> TtftModel | None:
 
 
 def request_clock(arm: spec.ArmSpec, store: KVStore, real_rows: Sequence[dict] = ()) -> RequestClock | None:
-    """When each request of an arm does its KV work, for an embedded store whose evictions go by time (a Mooncake
-    segment's model): the arm's pacing, or the request times a real arm recorded (`real_rows`); None otherwise."""
-    if isinstance(store, TieredStore) and store.clocked:
+    """When each request of an arm does its KV work, for an embedded store (its tiers time their blocks' lifecycle
+    on it, a Mooncake segment's model its evictions): the arm's pacing (`request_interval`), or the request times a
+    real arm recorded (`real_rows`); None for a real store, which runs on real time."""
+    if isinstance(store, TieredStore | NoStore):
         return RequestClock(arm.mooncake_settings.request_interval, real_rows)
     return None
 
@@ -236,7 +238,7 @@ class ArmRun:
             "store": self.store.report(),
             "wall_s": dict(self.seconds),
             "rounds": self.rows,
-            "totals": arm_totals(self.rows, self._last, self._run_misses()),
+            "totals": arm_totals(self.rows, self._last, self._run_misses()) | self._lifecycle(),
             "prediction": self.plan.arm_json(self.name),
             "observed_collapse_round": observed_collapse_round(self.rows, self.scenario.prediction.collapse_tolerance),
         }
@@ -252,6 +254,13 @@ class ArmRun:
         if self._first_misses is None or self._last_misses is None:
             return None
         return causes_between(self._first_misses, self._last_misses)
+
+    def _lifecycle(self) -> dict:
+        """The embedded tiers' block lifecycle so far (`block_lifecycle`); none for a store on real time."""
+        if self.engine.clock is None:
+            return {}
+        gpu = self.engine.gpu_cache
+        return {"block_lifecycle": lifecycle_report([*([gpu] if gpu else []), *self.store.tiers, *self.store.attached])}
 
     def _snapshot(self, store_counters: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
         gpu = self.engine.gpu_cache

@@ -105,6 +105,34 @@ class Round(_Open):
     miss_causes: MissCauses | None = None
 
 
+class LifecycleHistogram(_Open):
+    """One quantity of a tier's followed blocks, in seconds on the arm's request clock."""
+
+    buckets: list[Count] = Field(description="cumulative, one per bound of bounds_s: observations at most that bound")
+    count: Count = Field(description="every observation (the +Inf bucket)")
+    sum: Seconds
+
+
+class TierLifecycle(_Open):
+    """A tier's block lifecycle, with the meaning vLLM's --kv-cache-metrics gives it."""
+
+    lifetime: LifecycleHistogram = Field(description="from a block's store in the tier to its eviction")
+    idle_before_evict: LifecycleHistogram = Field(
+        description="from a block's last hit (its store, when it was never hit) to its eviction"
+    )
+    reuse_gap: LifecycleHistogram = Field(
+        description="between two consecutive hits of a block (the store is no hit), counted at the second"
+    )
+
+
+class BlockLifecycle(_Open):
+    """Embedded stores: each tier's block lifecycle over the run (kvscope.tierstore.lifecycle)."""
+
+    bounds_s: list[Seconds] = Field(description="the buckets' upper bounds in seconds, vLLM's (+Inf implied)")
+    sampled_every: int = Field(ge=1, description="the blocks followed: one chain position in this many")
+    tiers: dict[str, TierLifecycle] = Field(description="by tier name")
+
+
 class Totals(_Open):
     """The arm's whole run."""
 
@@ -119,6 +147,7 @@ class Totals(_Open):
     evictions: PerTier
     tiers: dict[str, dict[str, Count]] | None = Field(None, description="each tier's counters at the end")
     miss_causes: MissCauses | None = None
+    block_lifecycle: BlockLifecycle | None = None
 
 
 class DepthPoint(BaseModel):

@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvscope.tierstore.store import KVStore
+from kvscope.tierstore.lifecycle import follow
+from kvscope.tierstore.store import KVStore, TieredStore
 from kvscope.tierstore.tier import Tier
 from kvscope.tierstore.ttft import TtftModel, TtftParts
 from kvscope.tierstore.workloads import Request
@@ -49,7 +50,8 @@ class RequestTimes:
 
 
 class RequestClock:
-    """When each request of an arm does its KV work, for a store whose evictions go by time (Mooncake's leases).
+    """When each request of an arm does its KV work: for a store whose evictions go by time (Mooncake's leases), and
+    for the lifecycle of every embedded tier's blocks (kvscope.tierstore.lifecycle).
 
     A paced arm: request n at n x `interval`, its steps at once (the emulator takes no time). The mirror of a real
     vLLM arm: what the real arm's rows recorded (`request_start_s`, `request_first_token_s`, `request_s`), so the
@@ -107,7 +109,7 @@ class EngineEmulator:
         explains_misses: bool = True,
     ) -> None:
         self.store = store
-        self.clock = clock  # for a store whose evictions go by time: when each request's lookup and saves happen
+        self.clock = clock  # when each request's lookup and saves happen
         # vLLM's Mooncake connector saves a request's every block (its existence check skips the stored ones, and
         # Mooncake leases them); kvscope's client puts only the blocks after the hit
         self.saves_whole_chain = saves_whole_chain
@@ -116,6 +118,12 @@ class EngineEmulator:
         self.prefill_tokens_per_s = prefill_tokens_per_s
         self.gpu_cache = gpu_cache
         self.counters = EngineCounters()
+        # A store whose evictions go by time (a Mooncake segment's model) is told each step (`at`), which times its
+        # tiers' block lifecycle too; every other tier asks the clock when a followed block needs a time
+        self._steps = clock is not None and isinstance(store, TieredStore) and store.clocked
+        if clock is not None:
+            for tier in ([gpu_cache] if gpu_cache else []) + ([] if self._steps else [*store.tiers, *store.attached]):
+                tier.lifecycle.time = _RequestStart(clock, self.counters)
         # the TTFT model, and for each of the store's tiers (in order) the link its loads cross and its medium's
         # own read bandwidth (None: as fast as the link)
         self.ttft_model = ttft_model
@@ -126,7 +134,7 @@ class EngineEmulator:
     def serve(self, request: Request) -> Served:
         keys, store = request.keys, self.store
         hittable = min(len(keys), (request.prompt_tokens - 1) // self.block_tokens)
-        times = self.clock(self.counters.requests) if self.clock else None
+        times = self.clock(self.counters.requests) if self._steps else None
         gpu = self.gpu_cache
         gpu_blocks = gpu.read_run(keys, 0, hittable)[0] if gpu else 0
         if times:
@@ -137,13 +145,18 @@ class EngineEmulator:
             self.misses.classify(keys, hit_blocks, hittable, request.prompt_tokens)
         if times:
             store.at(times.saved)
-        put_bytes = store.put(keys if self.saves_whole_chain else keys[hit_blocks:], self.block_bytes)
+        saved = keys[hit_blocks:]
+        put_bytes = store.put(keys if self.saves_whole_chain else saved, self.block_bytes)
+        head = (keys or request.output_keys or [None])[0]  # of the chain the request's blocks make up
+        follow(store.tiers, head, saved, hit_blocks)  # the tiers' block lifecycle: a real store has none here
         if request.output_keys:
             if times:
                 store.at(times.ended)
             put_bytes += store.put(request.output_keys, self.block_bytes)
+            follow(store.tiers, head, request.output_keys, len(keys))
         if gpu:
             gpu.write(list(gpu.missing(keys[gpu_blocks:])), self.block_bytes, is_put=False)
+            follow([gpu], head, keys[gpu_blocks:], gpu_blocks)
             gpu.release(keys)
         store.release(keys)
         recompute = request.prompt_tokens - hit_blocks * self.block_tokens
@@ -173,3 +186,18 @@ class EngineEmulator:
             ttft,
             parts,
         )
+
+
+class _RequestStart:
+    """When the request being served started, on `clock` (vLLM allocates and hits its GPU blocks then): worked out
+    once per request that needs it."""
+
+    def __init__(self, clock: RequestClock, counters: EngineCounters) -> None:
+        self._clock, self._counters = clock, counters
+        self._number, self._start = -1, 0.0
+
+    def __call__(self) -> float:
+        number = self._counters.requests
+        if number != self._number:
+            self._number, self._start = number, self._clock(number).start
+        return self._start

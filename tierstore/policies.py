@@ -183,7 +183,7 @@ class MooncakePolicy(EvictionPolicy):
 
     def _shards(self, keys: Sequence[Key]) -> Iterator[int]:
         """The shards of `keys`, hashed by C loops when the keys are integers (the chains kvscope generates)."""
-        numbers = keys if set(map(type, keys)) <= {int} else map(_shard_number, keys)
+        numbers = keys if set(map(type, keys)) <= {int} else map(stable_number, keys)
         return map(mod, map(hash, zip(repeat(self._salt), numbers)), repeat(self.shards))
 
     def grant(self, keys: Sequence[Key]) -> None:
@@ -254,8 +254,9 @@ class MooncakePolicy(EvictionPolicy):
         return list(zip(keys, map(self._blocks.pop, keys), strict=True))
 
 
-def _shard_number(key: Key) -> Key:
-    """What Mooncake's shard of a key is hashed from here: bytes and str as numbers (their hashes are salted)."""
+def stable_number(key: Key) -> Key:
+    """What a key is hashed as where the result must be the same in every process (Mooncake's shard of a key, the
+    block lifecycle's sample of a chain): bytes and str as numbers (Python salts their hashes)."""
     if isinstance(key, bytes):
         return int.from_bytes(key[:8], "big")
     if isinstance(key, str):

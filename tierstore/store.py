@@ -17,6 +17,7 @@ from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from kvscope.tierstore.lifecycle import Followed
 from kvscope.tierstore.misses import MissLedger, ReportedMissLedger
 from kvscope.tierstore.tier import Evicted, Payload, Tier
 
@@ -171,8 +172,11 @@ class TieredStore:
         return bool(self._clocked)
 
     def at(self, seconds: float) -> None:
-        """The clock of the time-driven tiers moves to `seconds`: their background eviction has run meanwhile (what
-        it evicts moves down when demoting)."""
+        """The clock moves to `seconds`: the time-driven tiers' background eviction has run meanwhile (what it
+        evicts moves down when demoting), and every tier times its blocks' lifecycle on it (the evictions of that
+        background pass count as at `seconds`)."""
+        for tier in self.tiers:
+            tier.lifecycle.now = seconds
         for index, tier in self._clocked:
             evicted = tier.at(seconds, self._demotes(index))
             if self._demotes(index):
@@ -302,6 +306,7 @@ class TieredStore:
                     is_put=False,
                     keep_evicted=self._demotes(tier_index),
                 )
+                tier.follow([block.key for block in blocks if type(block.nbytes) is Followed])
             evicted, tier_index = cascaded, tier_index + 1
 
     def _promote(self, keys: Sequence[Key], source_index: int) -> None:
@@ -319,6 +324,8 @@ class TieredStore:
             payload = _from_mapping({key: data}) if self._keeps_bytes else None
             for target in targets:
                 evicted = target.write([key], nbytes, payload, is_put=False, keep_evicted=self._demotes(0))
+                if type(nbytes) is Followed:
+                    target.follow([key])
                 if self.placement == "demote":
                     self._demote(evicted, 1)
 

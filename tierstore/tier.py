@@ -14,6 +14,7 @@ from itertools import compress, count, filterfalse, islice, repeat
 from operator import itemgetter, length_hint
 
 from kvscope.tierstore.backends import Backend
+from kvscope.tierstore.lifecycle import BlockLifecycle, Followed, first_sampled
 from kvscope.tierstore.policies import EvictionPolicy
 
 Key = Hashable
@@ -78,6 +79,8 @@ class Tier:
         # Where the arm notes what became of each block it gave up (kvscope.tierstore.misses.MissLedger): this
         # tier's name for a block it evicted; None when nobody asks (no bookkeeping at all)
         self.fates: dict[Key, object] | None = None
+        # the lifetime, idle time before eviction and reuse gaps of a sample of its blocks, on the request clock
+        self.lifecycle = BlockLifecycle()
 
     @property
     def capacity(self) -> int:
@@ -134,6 +137,9 @@ class Tier:
         counters = self.counters
         counters.hits += run
         counters.read_bytes += nbytes
+        first = start + first_sampled(keys[0], start)  # the run's followed blocks: none in most short runs
+        if first < start + run:
+            self.lifecycle.hit(self._index, keys, first, start + run)
         if self._verifies:
             for key in keys[start : start + run]:
                 self.backend.verify(key)
@@ -166,6 +172,7 @@ class Tier:
         every eviction). Blocks that cannot fit even in an empty tier land and are evicted at once, as a real tier
         overrun by one request.
         """
+        nbytes = int(nbytes)  # a size, not a followed block's record (kvscope.tierstore.lifecycle.Followed)
         if self.policy.stores_one_at_a_time and len(keys) > 1 and not self._evicts_as_one_at_a_time(len(keys), nbytes):
             evicted: list[Evicted] = []
             for key in keys:
@@ -201,10 +208,21 @@ class Tier:
     def remove(self, key: Key) -> Payload | None:
         """Take a block out (it moved to another tier); returns its bytes if the backend holds them."""
         nbytes = self.policy.discard(key)
+        if type(nbytes) is Followed:
+            nbytes.lifecycle = None  # moved, not evicted
         self.counters.allocated_bytes -= nbytes
         data = self.backend.load(key) if self.backend.holds_bytes and nbytes else None
         self.backend.drop(key)
         return data
+
+    def follow(self, keys: Iterable[Key]) -> None:
+        """`keys`, sampled blocks (kvscope.tierstore.lifecycle.follow) or blocks followed in the tier they moved from,
+        were just stored here: each one this tier holds is followed from now, its index value its record."""
+        index, record = self._index, self.lifecycle.record
+        for key in keys:
+            nbytes = index.get(key)
+            if nbytes is not None and type(nbytes) is not Followed:
+                index[key] = record(nbytes)
 
     def release(self, keys: Sequence[Key]) -> None:
         """The request using this chain finished (chain-aware policies reorder its blocks)."""

@@ -103,8 +103,9 @@ def test_the_mirror_of_a_vllm_arm_puts_as_its_connector_does_without_retrying():
 
 
 def test_the_mirror_of_a_vllm_arm_with_a_mooncake_segment_follows_it_on_its_recorded_request_times():
-    """Only a Mooncake segment's model runs on the real arm's clock (and so after it): vLLM alone has no leases, and
-    kvscope's own Mooncake client keeps the scenario's pacing."""
+    """Only a Mooncake segment's model runs on the real arm's clock (and so after it): vLLM alone has no leases (its
+    model's GPU cache times its blocks' lifecycle on the scenario's pacing), and kvscope's own Mooncake client keeps
+    the scenario's pacing."""
     both = {"mirror": True}
     scenario = parse_scenario(
         changed(VLLM, lambda s: s["arms"].update(a=arm(s) | both, alone={"store": "none"} | both))
@@ -120,7 +121,8 @@ def test_the_mirror_of_a_vllm_arm_with_a_mooncake_segment_follows_it_on_its_reco
     rows = [{"request_start_s": [0.0, 0.9], "request_first_token_s": [0.4, 0.1], "request_s": [0.6, 0.2]}]
     mirror = ArmRun(scenario, "a_sim", plan(scenario), real_rows=rows)
     assert mirror.engine.clock(1) == RequestTimes(0.9, 1.0, 1.1)
-    assert ArmRun(scenario, "alone_sim", plan(scenario)).engine.clock is None
+    interval = scenario.runnable_arms["alone_sim"].mooncake_settings.request_interval
+    assert ArmRun(scenario, "alone_sim", plan(scenario)).engine.clock(1) == RequestTimes(*[interval] * 3)
 
 
 def test_a_vllm_arm_without_tiers_is_vllm_alone_predicted_on_its_prefix_cache():
