@@ -139,8 +139,8 @@ def ab_run(
     """Run every arm of SCENARIO on its store (embedded, or a real Mooncake) and print the rounds side by side."""
     from kvscope.processes import ProcessError
     from kvscope.tierstore.ab import run_ab
+    from kvscope.tierstore.report import lifecycle_lines, rounds_table, store_lines, verdict_lines
     from kvscope.tierstore.report import plot as draw
-    from kvscope.tierstore.report import rounds_table, store_lines, verdict_lines
     from kvscope.tierstore.workloads import TraceError, make_workload
 
     spec = load_scenario(scenario)
@@ -176,7 +176,7 @@ def ab_run(
     if recorder:
         console.print(f"recorded runs {', '.join(run.name for run in recorder.runs)} in {db}")
     console.print(rounds_table(result))
-    for line in verdict_lines(result) + store_lines(result):
+    for line in verdict_lines(result) + lifecycle_lines(result) + store_lines(result):
         console.print(line, highlight=False)
     if plot:
         plot.parent.mkdir(parents=True, exist_ok=True)

@@ -129,6 +129,37 @@ def verdict_lines(result: dict) -> list[str]:
     return lines
 
 
+def lifecycle_lines(result: dict) -> list[str]:
+    """For each arm on an embedded store, its tiers' block lifecycle: the mean of each quantity and the bucket
+    holding its median (vLLM's bounds), for the tiers that observed something."""
+    lines = []
+    for name, arm in result["arms"].items():
+        lifecycle = arm["totals"].get("block_lifecycle")
+        if not lifecycle:
+            continue
+        tiers = []
+        for tier, quantities in lifecycle["tiers"].items():
+            parts = [f"{label} {_histogram_summary(quantities[quantity], lifecycle['bounds_s'])}"
+                     for quantity, label in _LIFECYCLE_LABELS.items() if quantities[quantity]["count"]]  # fmt: skip
+            if parts:
+                tiers.append(f"{tier}: {', '.join(parts)}")
+        if tiers:
+            lines.append(f"{name} block lifecycle (1 in {lifecycle['sampled_every']} blocks, request clock; mean, "
+                         f"median bucket): {'; '.join(tiers)}")  # fmt: skip
+    return lines
+
+
+_LIFECYCLE_LABELS = {"lifetime": "lifetime", "idle_before_evict": "idle before eviction", "reuse_gap": "reuse gap"}
+
+
+def _histogram_summary(histogram: dict, bounds: list[float]) -> str:
+    """'12.5 s (<= 20 s)': the mean, and the smallest bound at or above the median."""
+    count = histogram["count"]
+    median = next((f"<= {bound:g} s" for bound, below in zip(bounds, histogram["buckets"], strict=True)
+                   if 2 * below >= count), f"> {bounds[-1]:g} s")  # fmt: skip
+    return f"{histogram['sum'] / count:.3g} s ({median})"
+
+
 def _depth(arm: dict) -> str:
     """The predicted depth of the collapse beside the observed one: the hit ratios of its round and the next."""
     depth = arm["prediction"].get("collapse_depth") or []

@@ -13,6 +13,7 @@ import pytest
 from kvscope.tierstore import lifecycle
 from kvscope.tierstore.ab import run_ab
 from kvscope.tierstore.lifecycle import BOUNDS, Followed, Histogram, first_sampled, follow
+from kvscope.tierstore.report import lifecycle_lines
 from kvscope.tierstore.scenario import parse_scenario
 from kvscope.tierstore.store import TieredStore
 
@@ -140,3 +141,17 @@ def test_an_ab_run_times_the_lifecycle_on_its_request_clock(every_block):
     small = result["arms"]["small"]["totals"]["block_lifecycle"]["tiers"]["dram"]
     assert small["lifetime"]["count"] > 0
     assert small["idle_before_evict"]["sum"] <= small["lifetime"]["sum"]
+
+
+def test_the_report_line_gives_each_tier_s_means_and_median_buckets():
+    """Three lifetimes (5 s, 10 s and 30 s): mean 15 s, the median in the bucket up to 10 s; quantities and tiers that
+    observed nothing are left out, and so are arms on a real store."""
+    lifetimes, nothing = Histogram(), Histogram().as_dict()
+    lifetimes.add([5.0, 10.0, 30.0])
+    dram = {"lifetime": lifetimes.as_dict(), "idle_before_evict": nothing, "reuse_gap": nothing}
+    tiers = {"dram": dram, "nof": dict.fromkeys(dram, nothing)}
+    lifecycle = {"bounds_s": list(BOUNDS), "sampled_every": 256, "tiers": tiers}
+    result = {"arms": {"embedded": {"totals": {"block_lifecycle": lifecycle}}, "real": {"totals": {}}}}
+    assert lifecycle_lines(result) == [
+        "embedded block lifecycle (1 in 256 blocks, request clock; mean, median bucket): dram: lifetime 15 s (<= 10 s)"
+    ]
