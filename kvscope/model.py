@@ -252,6 +252,37 @@ INSTRUMENTS: dict[str, Instrument] = {
             "blocks (or chunks) a tiered KV cache copied from one tier to another: offloads (gpu to host, host to "
             "disk, ...) and onboards back towards the engine, by the tier they left and the tier they entered",
         ),
+        # A tier's block lifecycle, with the meaning vLLM's --kv-cache-metrics gives it, bucket by bucket as the
+        # engine histograms above (`upper_bound` in seconds, +Inf counting every observation), each with its sum
+        # for a mean. The sources follow a sample of the blocks (vLLM's --kv-cache-metrics-sample, LMCache's
+        # --metrics-sample-rate, one chain position in 256 in the embedded store), so the counts are the sample's.
+        Instrument(
+            "kv.block.lifetime.blocks",
+            "counter",
+            "{block}",
+            (*_TIER, "upper_bound"),
+            "evicted blocks whose lifetime, from their store in the tier (vLLM: their allocation) to their eviction, "
+            "was at most `upper_bound` seconds",
+        ),
+        Instrument("kv.block.lifetime", "counter", "s", _TIER, "the lifetimes of kv.block.lifetime.blocks, summed"),
+        Instrument(
+            "kv.block.idle.blocks",
+            "counter",
+            "{block}",
+            (*_TIER, "upper_bound"),
+            "evicted blocks that sat idle at most `upper_bound` seconds before their eviction: from their last "
+            "access (their store, when never accessed) to the eviction",
+        ),
+        Instrument("kv.block.idle", "counter", "s", _TIER, "the idle times of kv.block.idle.blocks, summed"),
+        Instrument(
+            "kv.block.reuse.accesses",
+            "counter",
+            "{access}",
+            (*_TIER, "upper_bound"),
+            "accesses of a block at most `upper_bound` seconds after its previous access: vLLM's reuse gap, where "
+            "an access is a prefix-cache hit and the allocation is none (LMCache's L1 counts its write as one)",
+        ),
+        Instrument("kv.block.reuse.gap", "counter", "s", _TIER, "the gaps of kv.block.reuse.accesses, summed"),
         Instrument("rdma.port.tx.bytes", "counter", "By", _NIC, "bytes sent by the RDMA port"),
         Instrument("rdma.port.rx.bytes", "counter", "By", _NIC, "bytes received by the RDMA port"),
         Instrument(
