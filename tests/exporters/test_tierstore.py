@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 
+from support.lifecycle import LIFECYCLE
 from support.realservers import served_exposition
 
 from kvscope.exporters.config import parse_config
 from kvscope.exporters.scrape import Scraper
+from kvscope.tierstore import lifecycle
 from kvscope.tierstore.ab import run_ab
+from kvscope.tierstore.lifecycle import BOUNDS
 from kvscope.tierstore.live import ENGINES
 from kvscope.tierstore.misses import CAUSES
 from kvscope.tierstore.scenario import parse_scenario
@@ -36,7 +39,8 @@ def scrape(targets: list[dict]):
     return asyncio.run(once())
 
 
-def test_exported_model_equals_the_ab_totals():
+def test_exported_model_equals_the_ab_totals(monkeypatch):
+    monkeypatch.setattr(lifecycle, "SAMPLE_EVERY", 1)  # every block's lifecycle: this scenario's are few
     result = run_ab(parse_scenario(SCENARIO), publish=True)
     try:
         [state] = scrape([{"name": "embedded", "source": "tierstore", "stores": ["exported/small", "exported/tiered"]}])
@@ -58,7 +62,17 @@ def test_exported_model_equals_the_ab_totals():
             assert model[("kv.tier.evictions", labels)] == counters["evictions"]
             assert model[("kv.tier.allocated.bytes", labels)] == counters["allocated_bytes"]
             assert model[("kv.tier.capacity.bytes", labels)] == counters["capacity_bytes"]
+            quantities = totals["block_lifecycle"]["tiers"][tier]
+            for quantity, (buckets, seconds) in LIFECYCLE.items():
+                histogram = quantities[quantity]
+                assert model[(seconds, labels)] == histogram["sum"]
+                for bound, below in zip([*map(repr, BOUNDS), "+Inf"], [*histogram["buckets"], histogram["count"]],
+                                        strict=True):  # fmt: skip
+                    assert model[(buckets, (*labels, ("upper_bound", bound)))] == below
     assert result["arms"]["small"]["totals"]["evictions"]["dram"] > 0, "the small arm must evict to mean anything"
+    lifecycles = {arm: arm_result["totals"]["block_lifecycle"]["tiers"] for arm, arm_result in result["arms"].items()}
+    assert lifecycles["small"]["dram"]["lifetime"]["count"] > 0
+    assert lifecycles["tiered"]["nof"]["reuse_gap"]["count"] > 0
     for arm, arm_result in result["arms"].items():
         engine_misses = {
             (dict(labels)["cause"], dict(labels).get("tier", "")): value
