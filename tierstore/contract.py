@@ -43,7 +43,8 @@ class TtftShare(_Open):
 
 class MissCauses(_Open):
     """Why the prompt tokens that were not hits missed, in tokens; the five causes add up to the misses (prompt
-    tokens less hit tokens). Embedded stores only: a real store's misses are not classified."""
+    tokens less hit tokens). Embedded stores from their tiers; real Mooncake arms from the store's answers; real
+    vLLM arms from the engine's KV events and the store's existence check (README: what each cannot tell apart)."""
 
     cold: Count = Field(description="the block was never stored in any tier of the arm, or no cache serves the "
                         "token (the prompt's incomplete last block, or its last token)")  # fmt: skip
