@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from support.lifecycle import mapped_histogram
 from support.realservers import served_exposition
 from support.scrape import collect_once, raw_value
 
@@ -28,7 +29,15 @@ NOT_MAPPED = {
     "lmcache_mp_l2_prefetch_load_submitted_objects_chunks_total": "submitted; the completed ones are mapped",
     "lmcache_mp_l2_prefetch_lookup_requests_total": "a prefetch's L2 lookups; its hits are the L2 hit keys",
     "lmcache_mp_l2_prefetch_lookup_objects_chunks_total": "a prefetch's L2 lookups; its hits are the L2 hit keys",
-}
+    **{f"lmcache_mp_{tier}_{quantity}_seconds_count": "the +Inf bucket"
+       for tier in ("l1_chunk", "l0_block") for quantity in ("lifetime", "idle_before_evict", "reuse_gap")},
+    **{f"lmcache_mp_l1_chunk_evict_reuse_gap_seconds{part}": "eviction to the next write: no stored chunk's lifecycle"
+       for part in ("_bucket", "_sum", "_count")},
+    **{f"lmcache_mp_real_reuse_gap_seconds{part}": "the store's reuse gap, L1 and L2 together: no one tier's"
+       for part in ("_bucket", "_sum", "_count")},
+    **{f"lmcache_mp_real_reuse_gap_objects{part}": "a reuse gap counted in the store's chunk accesses, not time"
+       for part in ("_bucket", "_sum", "_count")},
+}  # fmt: skip
 
 
 def scrape(url: str, **extra):
@@ -77,7 +86,23 @@ def test_lookups_hits_evictions_and_moves_between_tiers_equal_the_raw_counters(m
         raw, prefix + "l2_store_completed_requests_total", l2_name="FSL2Adapter"
     )
     assert model("kv.store.get.ops", **store, tier="l2") == raw_value(raw, prefix + "l2_load_completed_requests_total")
-    assert len(got) == 12
+    assert len([series for series in got if not series[0].startswith("kv.block.")]) == 12
+
+
+def test_l1_chunks_and_l0_blocks_map_onto_the_block_lifecycle(metrics_server):
+    """The lifecycle histograms of L1's chunks (tier l1) and the engine's GPU blocks (tier l0), bucket by bucket in
+    LMCache's bounds: the fixture's 12 evicted L1 chunks (as many as L1 evicted, every chunk followed) lived 62.5 s on
+    average, 5 GPU blocks 21.2 s."""
+    raw, normalized = scrape(metrics_server.serve("/metrics", MP_SERVER.read_bytes()))
+    got = {(s.name, s.labels): s.value for s in normalized}
+    counts = {(tier, quantity): mapped_histogram(raw, got, f"lmcache_mp_{histogram}_{quantity}_seconds", quantity,
+                                                 {"system": "lmcache", "tier": tier})
+              for tier, histogram in (("l1", "l1_chunk"), ("l0", "l0_block"))
+              for quantity in ("lifetime", "idle_before_evict", "reuse_gap")}  # fmt: skip
+    assert counts[("l1", "lifetime")] == raw_value(raw, "lmcache_mp_l1_evicted_chunks_total") == 12
+    assert (counts[("l1", "reuse_gap")], counts[("l0", "lifetime")], counts[("l0", "reuse_gap")]) == (30, 5, 4)
+    lifetime = {tier: got[("kv.block.lifetime", (("system", "lmcache"), ("tier", tier)))] for tier in ("l1", "l0")}
+    assert lifetime == {"l1": 750.0, "l0": 106.0}  # 12 x 62.5 s, 5 x 21.2 s
 
 
 def test_the_target_s_labels_name_the_engine_and_the_store(metrics_server):
