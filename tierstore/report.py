@@ -121,6 +121,9 @@ def verdict_lines(result: dict) -> list[str]:
             outcome = f"collapse predicted at round {predicted}, observed at round {observed} (MISMATCH)"
         causes = totals.get("miss_causes")
         missed = f"; missed tokens: {miss_cause_line(causes)}" if causes else ""
+        # what an infinite cache misses is cold: every other cause is a hit the arm lost against its ideal
+        if causes and any(causes[cause] for cause in CAUSES if cause != "cold"):
+            missed += f"; hits lost against the ideal: {miss_cause_line(causes | {'cold': 0})}"
         lines.append(
             f"{name}: {outcome}{_depth(arm)}; hit ratio {totals['hit_ratio']:.3f} overall, "
             f"{totals['excess_recompute_tokens_per_request']:,.0f} tokens a request recomputed beyond the ideal's; "

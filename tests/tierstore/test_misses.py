@@ -215,7 +215,11 @@ def test_the_table_and_the_lines_say_the_causes():
     causes = dict.fromkeys(CAUSES, 0) | {"cold": 1, "evicted": 2, "chain_broken": 1, "evicted_by_tier": {"nof": 2}}
     assert miss_cause_line(causes) == "cold 25%, evicted 50% (nof), chain_broken 25%"
     dram_only = next(line for line in verdict_lines(result) if line.startswith("dram_only"))
-    assert dram_only.endswith("missed tokens: " + miss_cause_line(result["arms"]["dram_only"]["totals"]["miss_causes"]))
+    run_causes = result["arms"]["dram_only"]["totals"]["miss_causes"]
+    assert f"missed tokens: {miss_cause_line(run_causes)}; " in dram_only
+    assert dram_only.endswith("hits lost against the ideal: evicted 98% (dram), chain_broken 2%")  # never cold
+    tiered = next(line for line in verdict_lines(result) if line.startswith("tiered"))
+    assert tiered.endswith("missed tokens: cold 100%")  # nothing lost against the ideal: no such part
     assert any(
         "expected to miss most: cold in rounds 1-8, chain_broken in round 9, evicted in rounds 10-20" in line
         for line in plan_lines(plan(load_scenario(EXAMPLES / "long_output.yaml")))
