@@ -37,6 +37,33 @@ NOT_MAPPED = {
        for part in ("_bucket", "_sum", "_count")},
     **{f"lmcache_mp_real_reuse_gap_objects{part}": "a reuse gap counted in the store's chunk accesses, not time"
        for part in ("_bucket", "_sum", "_count")},
+    "lmcache_mp_l1_eviction_loop_ticks_total": "iterations of L1's eviction loop, not evictions",
+    "lmcache_mp_l1_eviction_loop_triggered_total": "iterations of L1's eviction loop, not evictions",
+    "lmcache_mp_l1_allocation_failure_chunks_total": "a failure: the model has no failure instrument",
+    "lmcache_mp_l1_read_failure_chunks_total": "a failure: the model has no failure instrument",
+    "lmcache_mp_l2_prefetch_failure_chunks_total": "a failure: the model has no failure instrument",
+    "lmcache_mp_timeouts_total": "the server's own health, no KV quantity",
+    "lmcache_mp_event_bus_dropped_events_total": "the server's own health, no KV quantity",
+    "lmcache_mp_event_bus_subscriber_exceptions_total": "the server's own health, no KV quantity",
+    **{f"lmcache_mp_{transfer}_throughput_GB_per_second{part}": "rates of single transfers, not what moved"
+       for transfer in ("l0_l1_store", "l0_l1_load", "l2_store", "l2_load", "transfer_staging")
+       for part in ("_bucket", "_sum", "_count")},
+    **{f"lmcache_mp_transfer_phase_{quantity}_total": "per executor phase, engine-side copies only: no tier's bytes"
+       for quantity in ("bytes", "elapsed_seconds")},
+    **{f"lmcache_mp_num_{state}_{transfer}_total": "per GPU stream and rank, moved or not: no store operations"
+       for state in ("submitted", "finished") for transfer in ("stores", "retrieves")},
+    **{f"lmcache_blend_{phase}_duration_milliseconds{part}": "CacheBlend's phase durations"
+       for phase in ("lookup", "fingerprint_match", "prefix_lookup", "coordinator_match", "sparse_prefetch",
+                     "retrieve", "scatter")
+       for part in ("_bucket", "_sum", "_count")},
+    **{f"lmcache_blend_{name}_total": "CacheBlend: its hits reuse non-prefix chunks, its fingerprint table no tier"
+       for name in ("lookup_requests", "lookup_requested_tokens", "lookup_hit_tokens", "lookup_prefix_hit_tokens",
+                    "lookup_non_prefix_hit_tokens", "lookup_segmented_prefix_hit_tokens", "lookup_fingerprint_hits",
+                    "lookup_storage_hits", "lookup_stale_chunks", "lookup_no_gpu_context_errors", "retrieve_requests",
+                    "retrieve_chunks", "retrieve_failures", "fingerprints_registered", "chunks_evicted",
+                    "fingerprint_matches", "coordinator_matches", "coordinator_match_timeouts",
+                    "sparse_prefetch_l2_keys", "sparse_prefetch_found_keys", "scatter_tokens",
+                    "scatter_prefix_chunks", "scatter_shifted_chunks", "scatter_dropped_chunks", "retrieve_noops")},
 }  # fmt: skip
 
 
@@ -86,7 +113,13 @@ def test_lookups_hits_evictions_and_moves_between_tiers_equal_the_raw_counters(m
         raw, prefix + "l2_store_completed_requests_total", l2_name="FSL2Adapter"
     )
     assert model("kv.store.get.ops", **store, tier="l2") == raw_value(raw, prefix + "l2_load_completed_requests_total")
-    assert len([series for series in got if not series[0].startswith("kv.block.")]) == 12
+    # The chunks the retrieves loaded into the GPU: L1's reads but those for the L2 stores (36 - 16).
+    loaded = model(moved, **store, from_tier="l1", to_tier="l0")
+    assert loaded == raw_value(raw, prefix + "num_chunks_loaded_total", worker_id="0") == 20
+    assert loaded == raw_value(raw, prefix + "l1_read_chunks_total") - raw_value(
+        raw, prefix + "l2_store_submitted_objects_chunks_total"
+    )
+    assert len([series for series in got if not series[0].startswith("kv.block.")]) == 13
 
 
 def test_l1_chunks_and_l0_blocks_map_onto_the_block_lifecycle(metrics_server):
