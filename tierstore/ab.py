@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -168,7 +168,8 @@ class ArmRun:
     scrape (at the start, after each round, at the end), from which the arm's tier figures were taken. A Mooncake
     segment's model draws from `seed` and runs on the arm's request pacing, or for the mirror of a real vLLM arm on
     the request times of `real_rows`, the real arm's (kvscope.tierstore.engine.RequestClock); `hit_ratio_ranges` (a
-    mirror's, from `mirror_ranges`) go into its rows.
+    mirror's, from `mirror_ranges`) go into its rows. `pause`, called after each request, is where a caller that
+    serves other work in the same interpreter lets it run (the service's requests, kvscope.api.yielding).
     """
 
     def __init__(
@@ -181,6 +182,7 @@ class ArmRun:
         seed: int = 0,
         hit_ratio_ranges: Sequence[tuple[float, float]] | None = None,
         real_rows: Sequence[dict] = (),
+        pause: Callable[[], object] | None = None,
     ) -> None:
         started = time.monotonic()
         self.scenario, self.name, self.plan = scenario, name, the_plan
@@ -188,6 +190,7 @@ class ArmRun:
         self.system = published_as or f"{scenario.name}/{name}"
         self.store = build_store(self.spec, scenario.block_bytes, name, workdir, self.system, seed)
         self._ranges = hit_ratio_ranges
+        self._pause = pause
         self.engine = build_engine(scenario, self.store, request_clock(self.spec, self.store, real_rows), self.spec)
         if published_as:
             ENGINES.publish(published_as, self.engine)
@@ -211,6 +214,8 @@ class ArmRun:
         tally = _RoundTally()
         for request in requests:
             tally.add(engine.serve(request))
+            if self._pause:
+                self._pause()
         engine.counters.rounds += 1
         engine.counters.bound_hit_tokens += planned.ideal_hit_tokens
         after = self._snapshot(self.store.counters())
@@ -274,16 +279,19 @@ def make_arm(
     workdir: Path | None = None,
     published_as: str | None = None,
     real_rows: Sequence[dict] = (),
+    pause: Callable[[], object] | None = None,
 ):
     """The arm's runner: a real vLLM engine's (kvscope.tierstore.vllm_ab) for an arm of an `engine.kind: vllm`
     scenario, else the engine emulator's (ArmRun, also for the mirrors of vLLM arms: on `real_rows`, the rows of
-    the real arm it follows, see `followed_arm`)."""
+    the real arm it follows, see `followed_arm`), which calls `pause` after each request it serves."""
     if scenario.engine.kind == "vllm" and name in scenario.arms:
         from kvscope.tierstore.vllm_ab import VllmArm
 
         return VllmArm(scenario, name, the_plan, workdir, published_as)
-    ranges = mirror_ranges(scenario, name, the_plan, real_rows)
-    return ArmRun(scenario, name, the_plan, workdir, published_as, hit_ratio_ranges=ranges, real_rows=real_rows)
+    ranges = mirror_ranges(scenario, name, the_plan, real_rows, pause)
+    return ArmRun(
+        scenario, name, the_plan, workdir, published_as, hit_ratio_ranges=ranges, real_rows=real_rows, pause=pause
+    )
 
 
 def followers(scenario: spec.Scenario) -> dict[str, str]:
@@ -309,17 +317,21 @@ to reach the edges of its range (on the vLLM collapse example at its pacing, rou
 
 
 def mirror_ranges(
-    scenario: spec.Scenario, name: str, the_plan: Plan, real_rows: Sequence[dict] = ()
+    scenario: spec.Scenario,
+    name: str,
+    the_plan: Plan,
+    real_rows: Sequence[dict] = (),
+    pause: Callable[[], object] | None = None,
 ) -> list[tuple[float, float]] | None:
     """Per round, the lowest and the highest hit ratio of mirror `name` on MIRROR_SEEDS seeds (its rows are the
-    first seed's; each runs on `real_rows`' request times, as ArmRun does); None for an arm that is no mirror of a
-    Mooncake segment."""
+    first seed's; each runs on `real_rows`' request times, as ArmRun does, calling `pause` after each request); None
+    for an arm that is no mirror of a Mooncake segment."""
     arm = scenario.runnable_arms[name]
     if name in scenario.arms or not arm.tiers or arm.tiers[0].policy != "mooncake":
         return None
     curves = []
     for seed in range(MIRROR_SEEDS):
-        run = ArmRun(scenario, name, the_plan, seed=seed, real_rows=real_rows)
+        run = ArmRun(scenario, name, the_plan, seed=seed, real_rows=real_rows, pause=pause)
         try:
             while run.step() is not None:
                 pass
