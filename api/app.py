@@ -27,6 +27,7 @@ from kvscope.api.deps import Services
 from kvscope.api.metrics import RequestMetrics, ServiceCollector
 from kvscope.api.routers import ab, alerts, dashboards, docs, evidence, health, page, predict
 from kvscope.api.settings import Settings
+from kvscope.api.yielding import InFlight
 from kvscope.exporters.config import ExporterSettings, load_config
 from kvscope.exporters.otel import TelemetryBridge
 from kvscope.exporters.scrape import Scraper
@@ -45,6 +46,7 @@ def _scraper(settings: Settings, book: AlertBook) -> Scraper:
 def create_app(settings: Settings | None = None, on_started: Callable[[Services], None] | None = None) -> FastAPI:
     """The service; `on_started(services)` runs once everything is up (the demo starts its A/B there)."""
     settings = settings or Settings()
+    in_flight = InFlight()  # counted by RequestMetrics, yielded to by the A/B threads
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -64,6 +66,7 @@ def create_app(settings: Settings | None = None, on_started: Callable[[Services]
                 max_real_store=settings.max_real_store_ab,
                 max_running=settings.max_running_ab,
                 max_real_bytes=settings.max_real_bytes,
+                requests=in_flight,
             ),
         )
         app.state.services = services
@@ -106,7 +109,7 @@ def create_app(settings: Settings | None = None, on_started: Callable[[Services]
         app.include_router(module.router)
     app.add_exception_handler(RequestValidationError, _invalid_request)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
-    app.add_middleware(RequestMetrics)
+    app.add_middleware(RequestMetrics, in_flight=in_flight)
     return app
 
 

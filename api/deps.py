@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -27,15 +27,20 @@ class Services:
     ab: ABManager
 
 
-def services(request: Request) -> Services:
+# The dependencies are coroutines although none awaits: FastAPI runs a plain function in its thread pool, a hop
+# there and back per dependency and request, each waiting for the GIL (kvscope.api.yielding). Opening and closing a
+# DuckDB cursor takes microseconds, so the event loop does it.
+
+
+async def services(request: Request) -> Services:
     return request.app.state.services
 
 
-def settings(request: Request) -> Settings:
+async def settings(request: Request) -> Settings:
     return request.app.state.services.settings
 
 
-def database(request: Request) -> Iterator[Database]:
+async def database(request: Request) -> AsyncIterator[Database]:
     """A cursor of the service's database for this request (DuckDB connections are not shared across threads)."""
     cursor = request.app.state.services.db.cursor()
     try:

@@ -12,6 +12,7 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kvscope.api.deps import Services
+from kvscope.api.yielding import InFlight
 
 REQUESTS = Counter("kvscope_http_requests", "HTTP requests served", ["method", "route", "status"])
 LATENCY = Histogram(
@@ -23,16 +24,18 @@ LATENCY = Histogram(
 
 
 class RequestMetrics:
-    """Counts and times every request by its route template (not its path: ids would explode the series)."""
+    """Counts and times every request by its route template (not its path: ids would explode the series), and keeps
+    `in_flight` up to date: A/B threads yield to the requests it counts (kvscope.api.yielding)."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
+    def __init__(self, app: ASGIApp, in_flight: InFlight) -> None:
+        self.app, self.in_flight = app, in_flight
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         started, status = time.perf_counter(), 500
+        self.in_flight.started()
 
         async def tracked(message: Message) -> None:
             nonlocal status
@@ -43,6 +46,7 @@ class RequestMetrics:
         try:
             await self.app(scope, receive, tracked)
         finally:
+            self.in_flight.ended()
             template = _template(scope)
             REQUESTS.labels(scope["method"], template, str(status)).inc()
             LATENCY.labels(scope["method"], template).observe(time.perf_counter() - started)

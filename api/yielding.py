@@ -1,0 +1,53 @@
+"""A/B threads yield to the service's requests.
+
+An embedded arm's rounds are pure-Python CPU work in a thread of the service. Serving a request needs the
+interpreter (the GIL) for a moment at each of its steps: its socket events in the event loop, the hop to a worker
+thread and back, each DuckDB call. CPython takes the GIL from a busy thread only after its switch interval (5 ms),
+so while a round ran, every one of those steps waited up to 5 ms: a round's 100 ms of work held requests up for
+100-200 ms, and the backlog it left took as long again to drain.
+
+So an A/B thread pauses between the requests it serves and between the steps of a round (serving, recording,
+persisting the row): after each `slice_s` of work, it waits until no request is in flight, at most `max_wait_s`.
+An idle service costs it nothing; under a constant load it still gets at least slice_s / (slice_s + max_wait_s) of
+the time.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+
+class InFlight:
+    """The HTTP requests being served, counted by the middleware in the event loop's thread; `idle` is set while
+    there are none, for A/B threads to wait on."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.idle = threading.Event()
+        self.idle.set()
+
+    def started(self) -> None:
+        self.count += 1
+        self.idle.clear()
+
+    def ended(self) -> None:
+        self.count -= 1
+        if not self.count:
+            self.idle.set()
+
+
+class YieldToRequests:
+    """One A/B thread's pauses: called between pieces of its work, it waits for the requests in flight once the
+    work since its last pause reached `slice_s`."""
+
+    def __init__(self, requests: InFlight, slice_s: float = 0.001, max_wait_s: float = 0.005) -> None:
+        self.requests, self.slice_s, self.max_wait_s = requests, slice_s, max_wait_s
+        self._since = time.perf_counter()
+
+    def __call__(self) -> None:
+        if time.perf_counter() - self._since < self.slice_s:
+            return
+        if not self.requests.idle.is_set():
+            self.requests.idle.wait(self.max_wait_s)
+        self._since = time.perf_counter()
