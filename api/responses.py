@@ -70,11 +70,14 @@ class ArmSummary(BaseModel):
         "replicate", description="replicate: every tier holds each block; demote: evictions move down"
     )
     rounds_done: Count
-    prediction: Prediction
+    predicted_collapse_round: RoundNumber | None = Field(
+        description="the planner's collapse round; its whole prediction, round by round, is in the test's detail"
+    )
     observed_collapse_round: RoundNumber | None
 
 
 class ArmDetail(ArmSummary):
+    prediction: Prediction
     rows: list[Round] = Field(description="the A/B contract's per-round rows (after `since_round`)")
 
 
@@ -93,6 +96,8 @@ class ABVerdict(BaseModel):
 
 
 class ABSummary(BaseModel):
+    """A test without its per-round figures (rows, predictions by round): what a list carries."""
+
     id: str
     scenario: str
     status: Status

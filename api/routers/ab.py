@@ -44,17 +44,17 @@ class ABRequest(BaseModel):
     )
 
 
-def _arm(state: ArmState) -> dict:
-    return {
-        "run": state.run,
-        "store": state.store,
-        "engine": state.engine,
-        "tiers": state.tiers,
-        "placement": state.placement,
-        "rounds_done": state.rounds_done,
-        "prediction": state.prediction,
-        "observed_collapse_round": state.observed_collapse_round,
-    }
+def _arm(state: ArmState) -> ArmSummary:
+    return ArmSummary(
+        run=state.run,
+        store=state.store,
+        engine=state.engine,
+        tiers=state.tiers,
+        placement=state.placement,
+        rounds_done=state.rounds_done,
+        predicted_collapse_round=state.prediction.get("collapse_round"),
+        observed_collapse_round=state.observed_collapse_round,
+    )
 
 
 def _summary(test: ABTest) -> ABSummary:
@@ -67,7 +67,7 @@ def _summary(test: ABTest) -> ABSummary:
         ended_at=test.ended_at,
         error=test.error,
         rounds=test.rounds,
-        arms={name: ArmSummary(**_arm(state)) for name, state in test.arms.items()},
+        arms={name: _arm(state) for name, state in test.arms.items()},
         verdicts=[ABVerdict(**verdict) for verdict in test.verdicts],
     )
 
@@ -109,7 +109,8 @@ def list_ab(
     limit: Annotated[int, Query(ge=1, le=MAX_LISTED, description="the newest this many")] = 100,
     offset: Annotated[int, Query(ge=0, le=2**31, description="skip the newest this many")] = 0,
 ) -> list[ABSummary]:
-    """The tests, newest first, without their rows; those of earlier runs of the service too."""
+    """The tests, newest first, summarized: without their rows and their arms' predictions round by round (a test's
+    detail has both); those of earlier runs of the service too."""
     newest = sorted(services.ab.list(), key=lambda test: (test.started_at, test.id), reverse=True)
     return [_summary(test) for test in newest[offset : offset + limit]]
 
@@ -145,7 +146,10 @@ def get_ab(
     return ABDetail(
         **summary.model_dump(exclude={"arms"}),
         spec=test.scenario.model_dump(mode="json"),
-        arms={name: ArmDetail(**summary.arms[name].model_dump(), rows=rows[name]) for name in test.arms},
+        arms={
+            name: ArmDetail(**summary.arms[name].model_dump(), prediction=state.prediction, rows=rows[name])
+            for name, state in test.arms.items()
+        },
         next_since_round=until if recorded > until else None,
     )
 

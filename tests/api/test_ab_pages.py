@@ -5,6 +5,8 @@ have made each row megabytes and the detail gigabytes."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from fastapi.testclient import TestClient
 from support.realservers import wait_for
@@ -81,3 +83,24 @@ def test_at_the_bounds_a_page_is_256_rows_and_under_600_kb(client):
     assert len(first.content) < 600_000, len(first.content)
     rest = client.get(f"/api/v1/ab/{ab}", params={"since_round": 16}).json()
     assert {tuple(rounds) for rounds in rounds_of(rest).values()} == {(17,)} and rest["next_since_round"] is None
+
+
+def test_the_list_summarizes_each_test_without_its_predictions_round_by_round(client):
+    """At the bounds (16 arms, the rounds the work bound allows) each arm's prediction, round by round, is over
+    100 KB of a test's answer: the list names the predicted collapse round, the detail holds the prediction."""
+    body = scenario(rounds=155, arms=MAX_ARMS, tiers=MAX_TIERS, name_length=MAX_TIER_NAME)
+    started = client.post("/api/v1/ab", json={"scenario": body, "rounds_per_minute": 60}, headers=AUTH)
+    assert started.status_code == 201, started.text
+    ab = started.json()["id"]
+    try:
+        listed = client.get("/api/v1/ab")
+        detail = client.get(f"/api/v1/ab/{ab}", params={"max_rows": 1}).json()
+    finally:
+        client.delete(f"/api/v1/ab/{ab}", headers=AUTH)
+    (summary,) = listed.json()
+    predictions = {name: arm["prediction"] for name, arm in detail["arms"].items()}
+    assert all(len(p["footprint_bytes_by_round"]) == 155 for p in predictions.values())
+    for name, arm in summary["arms"].items():
+        assert "prediction" not in arm and "rows" not in arm
+        assert arm["predicted_collapse_round"] == predictions[name]["collapse_round"]
+    assert len(json.dumps(predictions)) > 100_000 and len(listed.content) < 25_000, len(listed.content)
