@@ -68,7 +68,7 @@ class ABManager:
         self.max_running = max_running  # A/Bs at once: each is a thread and its engines' memory
         self.max_real_bytes = max_real_bytes  # memory and file tiers of the running A/Bs, together
         self.retain_s = retain_s  # a finished test's engines stay exported this long, then are withdrawn
-        self.requests = requests or InFlight()  # the service's requests in flight, which the A/B threads yield to
+        self.yield_to_requests = YieldToRequests(requests or InFlight())  # one slice of A/B work for every test
         self._withdrawals: list[threading.Timer] = []
         # bad files fail at start-up; a test binds their params again for its own store (see _criteria_for)
         self.criteria = {path: load_criteria(path) for path in criteria_files or []}
@@ -193,18 +193,18 @@ class ABManager:
         db = self.db.cursor()
         arms: dict[str, ArmRun] = {}
         recorder = None
-        yield_to_requests = YieldToRequests(self.requests)
         try:
             recorder = ABRecorder(db, test.scenario, prefix=f"{test.id}/", store_names=lambda arm: f"{test.id}/{arm}")
             workdir = self.workdir / test.id  # the arms' file-backed tiers, `<arm>-<tier>.blocks`
             workdir.mkdir(parents=True, exist_ok=True)
             for name in test.scenario.runnable_arms:
                 if followed_arm(test.scenario, name) is None:  # a follower starts when its real arm is done
-                    published = f"{test.id}/{name}"
-                    arms[name] = make_arm(test.scenario, name, the_plan, workdir, published, pause=yield_to_requests)
+                    arms[name] = make_arm(
+                        test.scenario, name, the_plan, workdir, f"{test.id}/{name}", pause=self.yield_to_requests
+                    )
                     recorder.arm_started(arms[name])
             self._predicted(test, the_plan, firing=True)
-            self._serve(db, test, the_plan, arms, recorder, yield_to_requests)
+            self._serve(db, test, the_plan, arms, recorder)
         except Exception as error:  # a failed test reports why; the service keeps running (and logs the trace)
             test.status, test.error = "failed", public_error(error)
             traceback.print_exc()
@@ -226,15 +226,7 @@ class ABManager:
             arm.rows = []
         db.con.close()
 
-    def _serve(
-        self,
-        db: Database,
-        test: ABTest,
-        the_plan: Plan,
-        arms: dict[str, ArmRun],
-        recorder: ABRecorder,
-        yield_to_requests: YieldToRequests,
-    ) -> None:
+    def _serve(self, db: Database, test: ABTest, the_plan: Plan, arms: dict[str, ArmRun], recorder: ABRecorder) -> None:
         """Step the arms round by round, pausing for the service's requests between the steps (and the arms between
         their requests); a mirror that follows a real arm (kvscope.tierstore.ab.followed_arm) joins, into `arms`,
         once that arm is done."""
@@ -246,7 +238,7 @@ class ABManager:
         active = dict(arms)
         while active and not test.stop.is_set():
             for name, arm in list(active.items()):
-                yield_to_requests()
+                self.yield_to_requests()
                 row = arm.step()
                 if row is None:
                     del active[name]
@@ -254,17 +246,17 @@ class ABManager:
                     recorder.arm_ended(arm)
                     if mirror := following.get(name):
                         follower = make_arm(scenario, mirror, the_plan, self.workdir / test.id, f"{test.id}/{mirror}",
-                                            arm.rows, yield_to_requests)  # fmt: skip
+                                            arm.rows, self.yield_to_requests)  # fmt: skip
                         arms[mirror] = active[mirror] = follower
                         recorder.arm_started(arms[mirror])
                     continue
-                yield_to_requests()
+                self.yield_to_requests()
                 recorder.round_done(arm, row)
                 state = test.arms[name]
                 state.rows.append(row)
                 state.rounds_done = len(state.rows)
                 state.observed_collapse_round = observed_collapse_round(state.rows, tolerance)
-                yield_to_requests()
+                self.yield_to_requests()
                 self.history.add_row(db, test, name, row)
                 top = arm.spec.tiers[0]
                 labels = {"ab": test.id, "arm": name, "scenario": test.scenario.name, "tier": top.name}

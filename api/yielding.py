@@ -6,10 +6,10 @@ thread and back, each DuckDB call. CPython takes the GIL from a busy thread only
 so while a round ran, every one of those steps waited up to 5 ms: a round's 100 ms of work held requests up for
 100-200 ms, and the backlog it left took as long again to drain.
 
-So an A/B thread pauses between the requests it serves and between the steps of a round (serving, recording,
-persisting the row): after each `slice_s` of work, it waits until no request is in flight, at most `max_wait_s`.
-An idle service costs it nothing; under a constant load it still gets at least slice_s / (slice_s + max_wait_s) of
-the time.
+So the A/B threads pause between the requests they serve and between the steps of a round (serving, recording,
+persisting the row): after each `slice_s` of A/B work, they wait until no request is in flight, at most
+`max_wait_s`. The slice is shared by every A/B thread, so however many tests run, A/B work takes at most
+slice_s / (slice_s + max_wait_s) of the time while requests keep arriving, and all of it while none does.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ class InFlight:
 
 
 class YieldToRequests:
-    """One A/B thread's pauses: called between pieces of its work, it waits for the requests in flight once the
-    work since its last pause reached `slice_s`."""
+    """The A/B threads' pauses: called between pieces of A/B work, it waits for the requests in flight once
+    `slice_s` passed since the last wait of any A/B thread."""
 
     def __init__(self, requests: InFlight, slice_s: float = 0.001, max_wait_s: float = 0.005) -> None:
         self.requests, self.slice_s, self.max_wait_s = requests, slice_s, max_wait_s

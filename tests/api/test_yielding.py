@@ -1,9 +1,10 @@
 """A/B threads yield to the service's requests: an arm pauses after each request it serves, a pause waits for the
-requests in flight (bounded), the middleware counts every request in and out, and an A/B ends even while the
-service is never idle."""
+requests in flight (bounded), the A/B threads share one slice of work, the middleware counts every request in and
+out, and an A/B ends even while the service is never idle."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 from fastapi.testclient import TestClient
@@ -64,9 +65,31 @@ def test_a_pause_within_the_slice_does_not_wait():
     assert time.perf_counter() - started < 1
 
 
+def test_the_slice_is_shared_by_every_ab_thread():
+    """A thread that did no work still waits once the slice, which other A/B threads used, has passed; the wait
+    starts a new slice for all of them."""
+    requests = InFlight()
+    requests.started()
+    pause = YieldToRequests(requests, slice_s=0.2, max_wait_s=0.05)
+    time.sleep(0.25)  # another A/B thread's work
+    waited = []
+
+    def other_thread() -> None:
+        started = time.perf_counter()
+        pause()
+        waited.append(time.perf_counter() - started)
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    thread.join()
+    started = time.perf_counter()
+    pause()
+    assert waited[0] >= 0.05 and time.perf_counter() - started < 0.05
+
+
 def test_the_middleware_counts_every_request_in_and_out(app_factory, tmp_path):
     with TestClient(app_factory(tmp_path, max_body_bytes=4096)) as client:
-        requests = client.app.state.services.ab.requests
+        requests = client.app.state.services.ab.yield_to_requests.requests
         assert client.get("/healthz").status_code == 200
         assert client.get("/api/v1/ab/ab-999").status_code == 404
         assert client.post("/api/v1/predict", content=b"x" * 5000).status_code == 413
@@ -76,7 +99,7 @@ def test_the_middleware_counts_every_request_in_and_out(app_factory, tmp_path):
 
 def test_an_ab_ends_while_the_service_is_never_idle(app_factory, tmp_path):
     with TestClient(app_factory(tmp_path)) as client:
-        requests = client.app.state.services.ab.requests
+        requests = client.app.state.services.ab.yield_to_requests.requests
         requests.started()  # a request that stays in flight: every pause waits its longest
         try:
             ab_id = client.post("/api/v1/ab", json={"scenario": SMALL}, headers=AUTH).json()["id"]
