@@ -3,6 +3,7 @@ kill -9 is marked interrupted (and so are its runs), and an ended test can be de
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -13,7 +14,9 @@ import httpx
 from fastapi.testclient import TestClient
 from support.realservers import wait_for
 
+from kvscope.api.abhistory import ABHistory, ABTest, ArmState
 from kvscope.processes import free_port
+from kvscope.tierstore.scenario import Scenario
 from kvscope.verifier.db import Database, run_sql
 
 AUTH = {"Authorization": "Bearer test-token"}
@@ -117,3 +120,28 @@ def _up(http: httpx.Client) -> bool:
         return http.get("/healthz").status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def test_a_cut_off_tests_progress_is_counted_from_its_rows(tmp_path):
+    """Rows are written per round, the test's record only when it starts and ends: the arms' rounds done and
+    observed collapse of a test found running come from its rows, with the tolerance of its spec as stored (also
+    when this kvscope refuses the spec)."""
+    scenario = Scenario.model_validate(SMALL)
+    rows = [(1, 0.5), (2, 0.2), (3, 0.1)]  # hit ratio against an ideal of 0.5: below 0.99 x from round 2
+    with Database(tmp_path / "kvscope.duckdb") as db:
+        history = ABHistory()
+        for ab_id in ("ab-1", "ab-2"):
+            test = ABTest(ab_id, scenario, None, 6)
+            test.arms["a"] = ArmState(f"{ab_id}/a", {"collapse_round": None}, "embedded", "emulator", [])
+            history.insert(db, test)
+            for number, ratio in rows:
+                history.add_row(db, test, "a", {"round": number, "hit_ratio": ratio, "ideal_hit_ratio": 0.5})
+        refused = {**scenario.model_dump(mode="json"), "prediction": {"collapse_tolerance": 0.7}, "unknown": 1}
+        run_sql(db.con, "UPDATE ab_tests SET spec = ? WHERE ab_id = 'ab-2'", [json.dumps(refused)])
+        for test in history.load(db):
+            assert test.status == "running" and test.arms["a"].rounds_done == 0
+            history.interrupt(db, test)
+        cut_off = {test.id: test for test in history.load(db)}
+    assert {ab_id: test.status for ab_id, test in cut_off.items()} == {"ab-1": "interrupted", "ab-2": "interrupted"}
+    assert cut_off["ab-1"].arms["a"].rounds_done == 3 and cut_off["ab-1"].arms["a"].observed_collapse_round == 2
+    assert cut_off["ab-2"].arms["a"].observed_collapse_round == 3  # 0.1 < 0.3 x 0.5, 0.2 is not
