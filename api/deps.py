@@ -27,8 +27,8 @@ class Services:
     ab: ABManager
 
 
-# The dependencies are coroutines although none awaits: FastAPI runs a plain function in its thread pool, a hop
-# there and back per dependency and request, each waiting for the GIL (kvscope.api.yielding). Opening and closing a
+# These three are coroutines although none awaits: FastAPI runs a plain function in its thread pool, a hop there
+# and back per dependency and request, each waiting for the GIL (kvscope.api.yielding). Opening and closing a
 # DuckDB cursor takes microseconds, so the event loop does it.
 
 
