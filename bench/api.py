@@ -3,8 +3,9 @@
 The service runs as `kvscope serve` in a process of its own (uvicorn, one worker, 127.0.0.1, the default settings
 but a fresh database and workdir), so the load generator, in this process, does not share its GIL. An A/B of
 examples/long_output.yaml is started over HTTP, paced at --rounds-per-minute, and runs through the whole
-measurement: each round its thread simulates both arms, records them into DuckDB and evaluates the alert rules;
-the service's scraper reads the published engines every 5 s.
+measurement: each round its thread simulates both arms, records them into DuckDB and evaluates the alert rules,
+yielding to the requests in flight (kvscope.api.yielding); the service's scraper reads the published engines every
+5 s.
 
 Load: open loop at a constant --rate. Request i is due at t0 + i / rate and is queued then, whatever the earlier
 ones are doing; 32 keep-alive HTTP/1.1 connections take requests from that queue. A request's latency runs from its
@@ -16,10 +17,11 @@ backlog the generator itself fell behind, seconds of "latency" with the service 
 
 Two loads, the same rate, in alternating slices of --slice seconds after --warmup seconds of both (not counted),
 --seconds of each in all, so that both see the same A/B rounds:
-  - anchor: all of it on GET /healthz, which reads no database: the floor of the stack (uvicorn, Starlette,
-    FastAPI's threadpool for sync endpoints, the loopback) on this machine, with the A/B running;
-  - target: GET /api/v1/alerts and an evidence query, GET /api/v1/runs/{id}/samples of the A/B's dram_only run
-    (metric=kv.tier.written.bytes, limit=1000), alternating, so each gets half the rate.
+  - anchor: all of it on GET /healthz, which reads memory only and is answered by the event loop: the floor of the
+    stack (uvicorn, Starlette, FastAPI, the loopback) on this machine, with the A/B running;
+  - target: GET /api/v1/alerts (memory only, answered by the event loop too) and an evidence query,
+    GET /api/v1/runs/{id}/samples of the A/B's dram_only run (metric=kv.tier.written.bytes, limit=1000: three
+    DuckDB queries in a thread of FastAPI's pool), alternating, so each gets half the rate.
 Printed per endpoint: p50, p90, p99 and max latency over every measured request, requests sent, failures
 (transport errors or a status other than 200), the achieved rate (answered requests over the measured seconds);
 per load, the CPU of the server process and of the generator (100% = one core), and the generator's worst lag
