@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from kvscope.exporters.base import CollectError
 from kvscope.exporters.vllm_kv_events import (
     EventStream,
     KvEventsTargetConfig,
@@ -191,19 +192,31 @@ class _TableCollector(VllmKvEventsCollector):
         self.stream = TableStream()
 
 
+_BIND_ATTEMPTS = 5
+
+
 class KvEventFollower:
     """kvscope's subscription to one vLLM server's KV events, on 127.0.0.1 (kvscope binds the endpoint, vLLM
     connects to it and binds its replay endpoint), read on `loop` whenever the caller waits for it to settle."""
 
     def __init__(self, name: str, loop: asyncio.AbstractEventLoop) -> None:
-        self.endpoint, self.replay = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
-        config = {"name": name, "source": "vllm_kv_events", "endpoint": self.endpoint, "bind": True,
-                  "replay_endpoint": self.replay}  # fmt: skip
-        self.collector = _TableCollector(KvEventsTargetConfig(**config))
-        self.stream: TableStream = self.collector.stream  # type: ignore[assignment]
         self._loop = loop
         self.unsettled = 0  # waits that ran out before the events they waited for arrived
-        loop.run_until_complete(self.collector.collect())  # bound and subscribed before the engine starts
+        # bound and subscribed before the engine starts; a free port can be taken before it is bound (Mooncake's
+        # processes bind ports of their own meanwhile), so a port in use is given up for another, a few times
+        for attempt in range(_BIND_ATTEMPTS):
+            self.endpoint, self.replay = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+            config = {"name": name, "source": "vllm_kv_events", "endpoint": self.endpoint, "bind": True,
+                      "replay_endpoint": self.replay}  # fmt: skip
+            self.collector = _TableCollector(KvEventsTargetConfig(**config))
+            try:
+                loop.run_until_complete(self.collector.collect())
+                break
+            except CollectError as error:
+                loop.run_until_complete(self.collector.close())
+                if "Address already in use" not in str(error) or attempt == _BIND_ATTEMPTS - 1:
+                    raise
+        self.stream: TableStream = self.collector.stream  # type: ignore[assignment]
 
     def server_args(self) -> tuple[tuple[str, ...], dict[str, str]]:
         """vLLM's arguments and environment: events on, published to the endpoint, block hashes as the bytes the
