@@ -13,6 +13,7 @@ import time
 import httpx
 from fastapi.testclient import TestClient
 from support.realservers import wait_for
+from support.scenarios import SMALL
 
 from kvscope.api.abhistory import ABHistory, ABTest, ArmState
 from kvscope.processes import free_port
@@ -20,12 +21,6 @@ from kvscope.tierstore.scenario import Scenario
 from kvscope.verifier.db import Database, run_sql
 
 AUTH = {"Authorization": "Bearer test-token"}
-SMALL = {
-    "name": "small",
-    "workload": {"kind": "multi_round", "sessions": 4, "rounds": 6, "first_prompt_tokens": 256, "output_tokens": 64},
-    "kv": {"block_tokens": 16, "bytes_per_token": 1024},
-    "arms": {"a": {"tiers": [{"name": "dram", "capacity": "1MiB"}]}},
-}
 
 
 def _ended(client: TestClient, ab_id: str) -> dict:

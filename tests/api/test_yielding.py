@@ -9,6 +9,7 @@ import time
 
 from fastapi.testclient import TestClient
 from support.realservers import wait_for
+from support.scenarios import SMALL
 
 from kvscope.api.yielding import InFlight, YieldToRequests
 from kvscope.tierstore.ab import make_arm
@@ -16,12 +17,6 @@ from kvscope.tierstore.planner import plan
 from kvscope.tierstore.scenario import Scenario
 
 AUTH = {"Authorization": "Bearer test-token"}
-SMALL = {
-    "name": "small",
-    "workload": {"kind": "multi_round", "sessions": 4, "rounds": 6, "first_prompt_tokens": 256, "output_tokens": 64},
-    "kv": {"block_tokens": 16, "bytes_per_token": 1024},
-    "arms": {"a": {"tiers": [{"name": "dram", "capacity": "1MiB"}]}},
-}
 
 
 def test_an_arm_pauses_after_each_request_it_serves():
