@@ -71,22 +71,24 @@ class MooncakeTier(Tier):
         keep_evicted: bool = False,
     ) -> list[Evicted]:
         """Allocate the blocks that fit, in order; refused ones are retried after an eviction if the client
-        retries. Then the eviction thread runs (the blocks just put have a lease of 0: they may go at once)."""
+        retries. The eviction thread runs after each allocation (`_passes`)."""
         refused = self._allocate(keys, nbytes, payload, is_put)
+        writing = keys[: len(keys) - len(refused)]
         evicted: list[Evicted] = []
         while refused:
             self._flagged = True
             if not self.retries_refused:
                 break
             before = self.counters.evictions
-            evicted += self._evict(keep_evicted)
+            evicted += self._passes(keep_evicted, writing)
             if self.counters.evictions == before:
                 break
-            refused = self._allocate(refused, nbytes, payload, is_put)
+            retried, refused = refused, self._allocate(refused, nbytes, payload, is_put)
+            writing = retried[: len(retried) - len(refused)]
         self.refused += len(refused)
         if refused and self.fates is not None:  # a later miss on one of them was never admitted
             self.fates.update(zip(refused, repeat(NOT_ADMITTED)))
-        return evicted + self._evict(keep_evicted)
+        return evicted + self._passes(keep_evicted, writing)
 
     def _allocate(self, keys: Sequence[Key], nbytes: int, payload: PayloadSource | None, is_put: bool) -> list[Key]:
         """Store the blocks that fit in the free space, in order; the refused rest."""
@@ -103,10 +105,22 @@ class MooncakeTier(Tier):
     def _needs_eviction(self) -> bool:
         return self._flagged or self._used() > self.mooncake.high_watermark
 
-    def _evict(self, keep_evicted: bool) -> list[Evicted]:
-        """One pass of Mooncake's eviction thread."""
-        victims = self.mooncake.pop_batch(self._used(), self._flagged)
+    def _passes(self, keep_evicted: bool, writing: Sequence[Key]) -> list[Evicted]:
+        """The eviction thread's passes after an allocation: the one it sets off, which finds the blocks allocated
+        still `writing` (not the master's to evict yet), then, if the segment still needs it, the next one 10 ms
+        on, once they were written (with their lease of 0, the next pass may take them)."""
+        evicted = self._evict(keep_evicted, writing)
+        if writing and self._needs_eviction():
+            evicted += self._evict(keep_evicted)
+        return evicted
+
+    def _evict(self, keep_evicted: bool, writing: Sequence[Key] = ()) -> list[Evicted]:
+        """One pass of Mooncake's eviction thread, with the blocks of a put still `writing`. A refused allocation's
+        flag stays up until a pass evicts, or finds no completed object to evict (BatchEvict's eviction base 0)."""
+        victims = self.mooncake.pop_batch(self._used(), self._flagged, writing)
         if not victims:
+            if len(self.mooncake) == len(writing):
+                self._flagged = False
             return []
         self._flagged = False
         return self._drop(victims, keep_evicted)

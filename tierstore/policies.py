@@ -16,7 +16,7 @@ import math
 import random
 import zlib
 from collections import OrderedDict, deque
-from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Sequence
 from itertools import filterfalse, islice, repeat
 from operator import mod, sub
 from typing import ClassVar
@@ -129,7 +129,12 @@ class MooncakePolicy(EvictionPolicy):
       and flags the eviction thread (`need_mem_eviction_`);
     - the eviction thread (EvictionThreadFunc, every 10 ms) runs BatchEvict when the segment is above the high
       watermark or flagged: of the objects whose lease has expired it evicts the earliest lease timeouts first,
-      `ceil(objects x max(eviction_ratio, used - watermark + eviction_ratio))` of them at once.
+      `ceil(objects x max(eviction_ratio, used - watermark + eviction_ratio))` of them at once, where `objects` (the
+      master's eviction base) counts only objects whose put has completed. The pass a put's allocation sets off
+      finds that put's blocks still being written (`writing`): their memory counts in `used`, they are neither
+      counted nor evicted. (The master's log shows it: `[EVICT-RESULT] ... eviction_base=109` while the segment
+      holds 118 objects, 9 of them the put that crossed the watermark; counting them evicts a block more in many
+      passes, and a chain's holes come sooner.)
 
     `now` is the tier's clock, moved by its MooncakeTier (kvscope.tierstore.mooncake_tier).
     """
@@ -239,13 +244,16 @@ class MooncakePolicy(EvictionPolicy):
             del self._leased[timeout][key]
         return super().discard(key)
 
-    def pop_batch(self, used_ratio: float, flagged: bool) -> list[tuple[Key, int]]:
+    def pop_batch(self, used_ratio: float, flagged: bool, writing: Collection[Key] = ()) -> list[tuple[Key, int]]:
         """What one BatchEvict removes now, with sizes (nothing below the watermark unless an allocation failed):
-        of the leases run out, the earliest first."""
-        if not self._blocks or (used_ratio <= self.high_watermark and not flagged):
+        of the leases run out, the earliest first; the blocks of a put still `writing` are neither counted nor
+        taken."""
+        completed = len(self._blocks) - len(writing)
+        if completed <= 0 or (used_ratio <= self.high_watermark and not flagged):
             return []
         target = max(self.eviction_ratio, used_ratio - self.high_watermark + self.eviction_ratio)
-        return self._remove(list(islice(self._run_out, math.ceil(len(self._blocks) * target))))
+        candidates = filterfalse(set(writing).__contains__, self._run_out) if writing else self._run_out
+        return self._remove(list(islice(candidates, math.ceil(completed * target))))
 
     def _remove(self, keys: list[Key]) -> list[tuple[Key, int]]:
         """Take out blocks whose leases have run out, by C loops; (key, size) of each."""

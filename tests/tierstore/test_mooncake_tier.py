@@ -51,6 +51,16 @@ def test_nothing_is_evicted_at_the_watermark_and_above_it_a_batch_goes_oldest_fi
     assert tier.counters.allocated_bytes == 8 * BLOCK and tier.counters.evictions == 2
 
 
+def test_the_pass_a_put_sets_off_neither_counts_nor_takes_the_blocks_it_is_writing():
+    """The master's eviction base counts objects whose put completed: the pass that b's allocation wakes finds b
+    being written, so it takes ceil(5 x 0.15) = 1 of a, not ceil(10 x 0.15) = 2; then the segment is back at the
+    watermark and the next pass (b written) has nothing to do."""
+    tier = segment()
+    request(tier, 0.0, puts=keys("a", 5))
+    assert request(tier, 0.1, puts=keys("b", 5)) == ["a0"]
+    assert held(tier) == keys("a", 5)[1:] + keys("b", 5)
+
+
 def test_a_chain_looked_up_keeps_its_lease_and_the_blocks_put_since_go_first():
     """A lease longer than the requests' spacing (the plateau): the chain read last stays, newer puts go."""
     tier = segment(ttl=1.0)
