@@ -92,6 +92,11 @@ class Round(_Open):
         description="real vLLM arms: each request's engine queue time plus its time to first token (when its "
         "prefill was saved), in seconds; null where the engine did not say",
     )
+    request_saved_s: list[Seconds | None] | None = Field(
+        None,
+        description="real vLLM arms: seconds from sending each request to the connector's first save of its "
+        "blocks, as the engine's KV events stamped it; null where it saved none",
+    )
     hit_ratio_range: list[Ratio] | None = Field(
         None,
         min_length=2,

@@ -42,7 +42,7 @@ class Served:
 @dataclass(frozen=True, slots=True)
 class RequestTimes:
     """When a request's KV work happens, in seconds from the arm's first request: its lookup (sent), the save of
-    its prompt's blocks (prefill done: its first token) and the save of the blocks it decoded (answered)."""
+    its prompt's blocks (after its prefill) and the save of the blocks it decoded (answered)."""
 
     start: float
     saved: float
@@ -54,21 +54,15 @@ class RequestClock:
     for the lifecycle of every embedded tier's blocks (kvscope.tierstore.lifecycle).
 
     A paced arm: request n at n x `interval`, its steps at once (the emulator takes no time). The mirror of a real
-    vLLM arm: what the real arm's rows recorded (`request_start_s`, `request_first_token_s`, `request_s`), so the
-    model's leases run out when the real store's did, whatever the speed of the machine that served it: a request
-    whose prefill took longer leases its chain later, and a chain leased later outlives an eviction. Past what the
-    rows hold, the pacing goes on from the last recorded start.
+    vLLM arm: what the real arm's rows recorded (`request_start_s`, `request_saved_s` or `request_first_token_s`,
+    `request_s`), so the model's leases run out when the real store's did, whatever the speed of the machine that
+    served it: a request saved later leases its chain later, and a chain leased later outlives an eviction. Past
+    what the rows hold, the pacing goes on from the last recorded start.
     """
 
     def __init__(self, interval: float, rows: Sequence[dict] = ()) -> None:
         self.interval = interval
-        self._recorded = [
-            RequestTimes(start, start + (first or 0.0), start + wall)
-            for row in rows
-            for start, first, wall in zip(
-                row["request_start_s"], row["request_first_token_s"], row["request_s"], strict=True
-            )
-        ]
+        self._recorded = [times for row in rows for times in _recorded_times(row)]
 
     def __call__(self, number: int) -> RequestTimes:
         recorded = self._recorded
@@ -76,6 +70,17 @@ class RequestClock:
             return recorded[number]
         start = (recorded[-1].start if recorded else -self.interval) + (number - len(recorded) + 1) * self.interval
         return RequestTimes(start, start, start)
+
+
+def _recorded_times(row: dict) -> list[RequestTimes]:
+    """A real vLLM arm's round row as request times: the save when the engine's KV events reported it
+    (`request_saved_s`), else at the first token (a request that saved nothing still checked its chain then)."""
+    starts = row["request_start_s"]
+    saves = row.get("request_saved_s") or [None] * len(starts)
+    return [
+        RequestTimes(start, start + (first or 0.0 if saved is None else saved), start + wall)
+        for start, first, saved, wall in zip(starts, row["request_first_token_s"], saves, row["request_s"], strict=True)
+    ]
 
 
 @dataclass(slots=True)

@@ -196,11 +196,13 @@ class VllmArm:
         started = time.monotonic()
         planned = self.plan.rounds[index]
         reported = Counter()
-        first, request_hits, request_seconds, first_tokens = len(self.pacer.starts), [], [], []
+        first, request_hits, request_seconds, first_tokens, saves = len(self.pacer.starts), [], [], [], []
         assert self.server is not None
-        for request in requests:
+        for number, request in enumerate(requests):
             messages = self._turn(request.session, index + 1)
             self.misses.settle()  # the events of the requests before this one
+            if number:
+                saves.append(self.misses.saved_after_s())
             token_ids = self.server.tokenize(self._client, messages)
             self.pacer.wait()
             lookup = self.misses.look_up(token_ids)  # what the engine's own lookup finds a few ms later
@@ -215,6 +217,8 @@ class VllmArm:
             self.misses.ledger.classify(lookup, hit, usage["prompt_tokens"])
             reported["prompt"] += usage["prompt_tokens"]
             request_hits.append(hit)
+        self.misses.settle()
+        saves.append(self.misses.saved_after_s())
         reported["cached"] = sum(request_hits)
         self.server.process.check_alive()  # the answers were its own, and what is scraped next will be
         self.engine.counters.rounds += 1
@@ -225,6 +229,7 @@ class VllmArm:
         row["request_start_s"] = [round(start, 4) for start in self.pacer.starts[first:]]
         row["request_s"] = request_seconds
         row["request_first_token_s"] = first_tokens
+        row["request_saved_s"] = saves
         row["request_hit_tokens"] = request_hits  # each response's cached tokens, in the workload's order
         misses = self.misses.ledger.snapshot()
         row["miss_causes"] = causes_between(self._last_misses, misses)

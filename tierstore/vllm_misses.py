@@ -58,6 +58,7 @@ class Block:
     tokens: tuple[int, ...]
     held: set[str] = field(default_factory=set)  # the media that hold it now
     ever: set[str] = field(default_factory=set)  # the media that ever stored it
+    saved_at: float = 0.0  # the engine's timestamp of the batch that last reported the connector's save of it
 
 
 class BlockTable:
@@ -67,14 +68,15 @@ class BlockTable:
         self.blocks: dict[BlockHash, Block] = {}
         self._children: dict[tuple[BlockHash | None, tuple[int, ...]], BlockHash] = {}
 
-    def apply(self, events: Iterable[object]) -> None:
-        """One batch's events, in order (events of a type this table does not know are skipped)."""
+    def apply(self, events: Iterable[object], published_at: float = 0.0) -> None:
+        """One batch's events, in order (events of a type this table does not know are skipped), published at the
+        engine's `published_at` (seconds since the epoch)."""
         for event in events:
             if not isinstance(event, dict):
                 continue
             kind, medium = event.get("type"), str(event.get("medium") or "").lower()
             if kind == "BlockStored":
-                self._stored(event, medium)
+                self._stored(event, medium, published_at)
             elif kind == "BlockRemoved":
                 for block_hash in event.get("block_hashes") or ():
                     if block := self.blocks.get(block_hash):
@@ -83,7 +85,7 @@ class BlockTable:
                 for block in self.blocks.values():
                     block.held.discard(GPU)
 
-    def _stored(self, event: dict, medium: str) -> None:
+    def _stored(self, event: dict, medium: str, published_at: float) -> None:
         size, tokens = event.get("block_size") or 0, event.get("token_ids") or []
         parent = event.get("parent_block_hash")
         for index, block_hash in enumerate(event.get("block_hashes") or ()):
@@ -95,6 +97,8 @@ class BlockTable:
                 self._children[(parent, block_tokens)] = block_hash
             block.held.add(medium)
             block.ever.add(medium)
+            if medium == STORE:
+                block.saved_at = published_at
             parent = block_hash
 
     def chain(self, token_ids: Sequence[int], block_tokens: int, blocks: int) -> list[BlockHash]:
@@ -182,7 +186,7 @@ class TableStream(EventStream):
             timestamp, events = decode_events(payload)
         except UndecodableBatch:
             return  # counted by the stream
-        self.table.apply(events)
+        self.table.apply(events, timestamp)
         self.published_at = max(self.published_at, timestamp)
 
 
@@ -276,6 +280,7 @@ class RequestMisses:
         self._store_tier = store_tier if store is not None else None
         self.ledger = EventMissLedger(block_tokens, self._store_tier)
         self._previous: list[int] = []  # the token ids of the request sent last
+        self._sent_at = 0.0  # when it was looked up, just before it was sent (seconds since the epoch)
 
     def settle(self) -> bool:
         """Wait for the events of the requests sent so far: every full block of the last one's prompt stored by
@@ -299,8 +304,19 @@ class RequestMisses:
         table = self.events.stream.table
         hashes = table.chain(token_ids, self.block_tokens, blocks)
         held = self.store.exist([self.key_prefix + _hex(h) for h in hashes]) if self.store and hashes else []
-        self._previous = token_ids
+        self._previous, self._sent_at = token_ids, time.time()
         return look_up(table, hashes, blocks, held, self._store_tier)
+
+    def saved_after_s(self) -> float | None:
+        """Seconds from the last request's look-up (just before it was sent) to the connector's first save of its
+        blocks, as the engine stamped the batch that reported it; None when it saved none (every block held
+        already, or its puts refused). Call once its events settled. The save, with the existence check that
+        leases the request's chain and the allocation that sets the store's eviction off, runs on a thread of its
+        own: on a busy machine it came up to a second after the first token, and after the answer."""
+        table = self.events.stream.table
+        hashes = table.chain(self._previous, self.block_tokens, len(self._previous) // self.block_tokens)
+        saves = [stamp for h in hashes if (stamp := table.blocks[h].saved_at) >= self._sent_at]
+        return round(min(saves) - self._sent_at, 4) if saves else None
 
 
 def _hex(block_hash: BlockHash) -> str:
