@@ -150,6 +150,10 @@ def test_a_paced_clock_puts_every_step_of_request_n_at_n_intervals_and_a_mirror_
     clock = RequestClock(0.8, rows)  # the real arm's second request came 0.1 s late; its engine gave no timing
     assert [clock(0), clock(1)] == [RequestTimes(0.0, 0.2, 0.5), RequestTimes(0.9, 0.9, 1.2)]
     assert clock(3).start == pytest.approx(2.5)  # past the rows, the pacing goes on from the last start
+    # where the engine's events said when the connector saved, the save is then; where it saved nothing, at the
+    # first token
+    rows[0]["request_saved_s"] = [0.6, None]
+    assert [RequestClock(0.8, rows)(n).saved for n in (0, 1)] == [0.6, 0.9]
 
 
 def test_the_engine_leases_a_chain_when_its_prefill_is_saved_and_ends_on_the_decode_save():

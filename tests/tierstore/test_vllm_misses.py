@@ -199,3 +199,22 @@ def test_a_request_waits_for_the_events_of_the_one_before_it(follower):
     assert lookup.held == [True, True, False] and lookup.fates == ["dram", "dram", "cold"]
     assert not requests.settle() and follower.report()["unsettled_requests"] == 1
     assert follower.report()["batches"] == {"live": 3}
+
+
+def test_a_requests_save_time_is_the_first_connector_save_of_its_blocks_after_it_was_sent(follower):
+    """The first block was saved before the request (held: put again never), the second by its own save, stamped
+    by the engine 0.05 s after it was sent; vLLM's own store of a block does not count. A request whose blocks
+    were all saved before it has no save time."""
+    requests = RequestMisses(follower, BLOCK, Store(), "dram", "model@")
+    early = time.time() - 5
+    follower.stream.add(0, batch(early, stored("cpu", A[:1], TOKENS[:BLOCK])), early, "live")
+    prompt = [*TOKENS[: 2 * BLOCK], 7]
+    requests.look_up(prompt)
+    sent = time.time()
+    follower.stream.add(1, batch(sent + 0.02, stored("GPU", A[:2], TOKENS[: 2 * BLOCK])), sent + 0.02, "live")
+    saved = stored("cpu", A[1:2], TOKENS[BLOCK : 2 * BLOCK], parent=A[0])
+    follower.stream.add(2, batch(sent + 0.05, saved), sent + 0.05, "live")
+    assert requests.saved_after_s() == pytest.approx(0.05, abs=0.02)
+    time.sleep(0.06)  # the next request is sent after that save
+    requests.look_up(prompt)
+    assert requests.saved_after_s() is None
