@@ -97,6 +97,11 @@ class Round(_Open):
         description="real vLLM arms: seconds from sending each request to the connector's first save of its "
         "blocks, as the engine's KV events stamped it; null where it saved none",
     )
+    store_eviction_passes: list[Annotated[list[float], Field(min_length=3, max_length=3)]] | None = Field(
+        None,
+        description="real vLLM arms on Mooncake: the master's eviction passes that began in the round, from its "
+        "log: [began, ended] in seconds from the arm's first request, and the objects evicted",
+    )
     hit_ratio_range: list[Ratio] | None = Field(
         None,
         min_length=2,

@@ -30,11 +30,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes.util
+import datetime
 import functools
 import importlib.metadata
 import json
 import os
 import queue
+import re
 import shutil
 import subprocess
 import sys
@@ -42,6 +44,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -80,6 +83,9 @@ ERROR_NAMES = {
     -901: "RPC_TIMEOUT",
     -1300: "UNABLE_OFFLOAD",
 }
+# A glog line's head: severity, month, day, local time of day
+_GLOG_TIME = re.compile(r"^[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)\.(\d{6}) ")
+_EVICTED_COUNT = re.compile(r"\[EVICT-RESULT\] evicted_count=(\d+)")
 BUFFER_BYTES = 32 * 1024**2  # the client's registered buffer: reads and puts go through it in chunks of this size
 # KV-tier model instrument -> the tier counter it is (kvscope.tierstore.tier.TierCounters)
 _COUNTERS = {
@@ -118,6 +124,39 @@ def mooncake_missing() -> str | None:
     if probe.returncode != 0:
         return f"mooncake.store does not import: {(probe.stderr.strip().splitlines() or ['?'])[-1]}"
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class EvictionPass:
+    """One BatchEvict of a Mooncake master, from its log: when it began and ended (seconds since the epoch) and how
+    many objects it evicted."""
+
+    began: float
+    ended: float
+    evicted: int
+
+
+def eviction_passes(log: str, year: int) -> list[EvictionPass]:
+    """The master's eviction passes in its log (`-logtostderr`, glog's local time, which names no year: `year`'s):
+    `[EVICT-TRIGGER]` when one begins, `[EVICT-RESULT] evicted_count=N` (absent when it found nothing completed to
+    evict), `[EVICT-DONE]` when it ended. Under CPU contention a pass took from milliseconds to seconds here (its
+    candidates are gathered by 16 threads of its own); the store refuses puts that do not fit meanwhile."""
+    passes: list[EvictionPass] = []
+    began: float | None = None
+    evicted = 0
+    for line in log.splitlines():
+        if "[EVICT-" not in line or not (head := _GLOG_TIME.match(line)):
+            continue
+        month, day, hour, minute, second, micros = map(int, head.groups())
+        at = datetime.datetime(year, month, day, hour, minute, second, micros).timestamp()
+        if "[EVICT-TRIGGER]" in line:
+            began, evicted = at, 0
+        elif began is not None and (count := _EVICTED_COUNT.search(line)):
+            evicted = int(count.group(1))
+        elif began is not None and "[EVICT-DONE]" in line:
+            passes.append(EvictionPass(began, at, evicted))
+            began = None
+    return passes
 
 
 def _binary(name: str) -> str | None:
@@ -291,6 +330,13 @@ class MooncakeArm:
             for role, url in (("mooncake-master", self.master_url), ("mooncake-client", self.client_url))
         ]
 
+    def eviction_passes(self) -> list[EvictionPass]:
+        """The master's eviction passes so far, from its log."""
+        master = next(process for process in self.processes if process.name == "mooncake_master")
+        if not master.log.exists():
+            return []
+        return eviction_passes(master.log.read_text(errors="replace"), time.localtime().tm_year)
+
     def describe(self) -> dict:
         """What a run records of the arm: the settings, the master's flags, the client's environment, every
         process's listening sockets as the kernel showed them once the arm was ready, and (once the arm has
@@ -315,6 +361,7 @@ class Pacer:
         self.interval = interval
         self.late_s = 0.0
         self.starts: list[float] = []
+        self.first_wall: float | None = None  # when the first request started, in seconds since the epoch
         self._next_at: float | None = None
         self._first_at: float | None = None
 
@@ -328,7 +375,7 @@ class Pacer:
                 self.late_s = max(self.late_s, now - self._next_at)
         self._next_at = now + self.interval
         if self._first_at is None:
-            self._first_at = now
+            self._first_at, self.first_wall = now, time.time()
         self.starts.append(now - self._first_at)
 
     def take_late_s(self) -> float:

@@ -116,6 +116,7 @@ class VllmArm:
         # vLLM alone (an arm without tiers): no store, no connector, requests as fast as the engine takes them
         self.store: MooncakeStore | NoStore = NoStore()
         self.pacer = Pacer(self.spec.mooncake_settings.request_interval if self.spec.tiers else 0.0)
+        self._passes_reported = 0  # the master's eviction passes already in a row
         try:
             extra_args, env = (), {}
             if self.spec.tiers:
@@ -230,6 +231,8 @@ class VllmArm:
         row["request_s"] = request_seconds
         row["request_first_token_s"] = first_tokens
         row["request_saved_s"] = saves
+        if isinstance(self.store, MooncakeStore):
+            row["store_eviction_passes"] = self._new_eviction_passes()
         row["request_hit_tokens"] = request_hits  # each response's cached tokens, in the workload's order
         misses = self.misses.ledger.snapshot()
         row["miss_causes"] = causes_between(self._last_misses, misses)
@@ -270,6 +273,15 @@ class VllmArm:
             "prediction": self.plan.arm_json(self.name),
             "observed_collapse_round": observed_collapse_round(self.rows, self.scenario.prediction.collapse_tolerance),
         }  # fmt: skip
+
+    def _new_eviction_passes(self) -> list[list[float]]:
+        """The Mooncake master's eviction passes since the last round's row: [began, ended] in seconds from the arm's
+        first request, and the objects evicted."""
+        assert isinstance(self.store, MooncakeStore) and self.pacer.first_wall is not None
+        passes = self.store.processes.eviction_passes()
+        new, self._passes_reported = passes[self._passes_reported :], len(passes)
+        first = self.pacer.first_wall
+        return [[round(p.began - first, 4), round(p.ended - first, 4), p.evicted] for p in new]
 
     def _failure_codes(self) -> dict[str, int]:
         """Mooncake's return codes of the connector's failed operations, as its warnings in the server's log name
