@@ -24,7 +24,7 @@ from kvscope.tierstore.engine import EngineEmulator, RequestClock, Served
 from kvscope.tierstore.lifecycle import lifecycle_report
 from kvscope.tierstore.live import ENGINES
 from kvscope.tierstore.misses import causes_between
-from kvscope.tierstore.mooncake_tier import MooncakeTier
+from kvscope.tierstore.mooncake_tier import SLOW_PASS_S, MooncakeTier
 from kvscope.tierstore.planner import Plan, RoundPlan, plan
 from kvscope.tierstore.policies import MooncakePolicy, make_policy
 from kvscope.tierstore.store import KVStore, NoStore, TieredStore
@@ -124,10 +124,16 @@ def ttft_model(scenario: spec.Scenario) -> TtftModel | None:
 def request_clock(arm: spec.ArmSpec, store: KVStore, real_rows: Sequence[dict] = ()) -> RequestClock | None:
     """When each request of an arm does its KV work, for an embedded store (its tiers time their blocks' lifecycle
     on it, a Mooncake segment's model its evictions): the arm's pacing (`request_interval`), or the request times a
-    real arm recorded (`real_rows`); None for a real store, which runs on real time."""
-    if isinstance(store, TieredStore | NoStore):
-        return RequestClock(arm.mooncake_settings.request_interval, real_rows)
-    return None
+    real arm recorded (`real_rows`), with its master's slow eviction passes; None for a real store, which runs on
+    real time."""
+    if not isinstance(store, TieredStore | NoStore):
+        return None
+    clock = RequestClock(arm.mooncake_settings.request_interval, real_rows)
+    slow = [(began, ended) for began, ended in clock.eviction_passes if ended - began > SLOW_PASS_S]
+    for tier in store.tiers:
+        if isinstance(tier, MooncakeTier):
+            tier.follow_slow_passes(slow)
+    return clock
 
 
 TTFT_PARTS = ("compute", "load", "pd_transfer", "overhead")
@@ -313,7 +319,7 @@ MIRROR_SEEDS = 128
 MooncakePolicy), so which blocks of a chain outlive an eviction is random, and a real arm's hit ratio after a
 collapse differs from run to run. The model draws the same choices from a seed: a mirror runs on this many, enough
 to reach the edges of its range (on the vLLM collapse example at its pacing, round 8 of the DRAM-only arm:
-.176-.257 on 16 seeds, .176-.301 on 128 and on 200, against real runs of .18-.28)."""
+.184-.294 on 16 seeds, .169-.294 on 128, .169-.316 on 200, against real runs of .18-.29)."""
 
 
 def mirror_ranges(

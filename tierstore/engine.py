@@ -57,12 +57,16 @@ class RequestClock:
     vLLM arm: what the real arm's rows recorded (`request_start_s`, `request_saved_s` or `request_first_token_s`,
     `request_s`), so the model's leases run out when the real store's did, whatever the speed of the machine that
     served it: a request saved later leases its chain later, and a chain leased later outlives an eviction. Past
-    what the rows hold, the pacing goes on from the last recorded start.
+    what the rows hold, the pacing goes on from the last recorded start. `eviction_passes` are the real Mooncake
+    master's, (began, ended) on the same clock (`store_eviction_passes`).
     """
 
     def __init__(self, interval: float, rows: Sequence[dict] = ()) -> None:
         self.interval = interval
         self._recorded = [times for row in rows for times in _recorded_times(row)]
+        self.eviction_passes = [
+            (began, ended) for row in rows for began, ended, _ in row.get("store_eviction_passes") or ()
+        ]
 
     def __call__(self, number: int) -> RequestTimes:
         recorded = self._recorded

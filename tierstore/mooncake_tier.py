@@ -14,6 +14,7 @@ offload heartbeat wrote it), and soft pins, replicas and several segments do not
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Sequence
 from itertools import repeat
 
@@ -21,6 +22,9 @@ from kvscope.tierstore.backends import Backend
 from kvscope.tierstore.misses import NOT_ADMITTED
 from kvscope.tierstore.policies import Key, MooncakePolicy
 from kvscope.tierstore.tier import Evicted, PayloadSource, Tier
+
+SLOW_PASS_S = 0.02  # a real master's eviction pass that took longer held its eviction thread up (passes take ms)
+PASS_SLACK_S = 0.05  # how far a model's pass may come before the real one it stands for (the clocks' alignment)
 
 
 class MooncakeTier(Tier):
@@ -37,23 +41,49 @@ class MooncakeTier(Tier):
         self.retries_refused = retries_refused
         self.refused = 0  # blocks whose put was refused for good
         self._flagged = False  # an allocation failed: the eviction thread evicts even below the watermark
+        # a real master's slow passes: (began less the slack, ended, began)
+        self._slow_passes: list[tuple[float, float, float]] = []
+        self._put_off: tuple[float, float] | None = None  # the slow pass a model's pass stands for: (ended, began)
 
     @property
     def mooncake(self) -> MooncakePolicy:
         return self.policy  # type: ignore[return-value]  # the constructor takes only a MooncakePolicy
 
+    def follow_slow_passes(self, passes: Sequence[tuple[float, float]]) -> None:
+        """The (began, ended) times of the real master's eviction passes that took long, on this tier's clock (a
+        mirror of a real arm): while one ran, the thread started no other, and the puts that did not fit were
+        refused. A pass the model would run meanwhile (or up to PASS_SLACK_S before one) stands for it: it evicts
+        when that one ended, what had run out when it began (BatchEvict judges leases by the time it started, and
+        spares a candidate leased again since)."""
+        self._slow_passes = sorted((began - PASS_SLACK_S, ended, began) for began, ended in passes)
+
     def at(self, seconds: float, keep_evicted: bool = False) -> list[Evicted]:
         """The clock moves to `seconds` (never back). Mooncake's eviction thread wakes every 10 ms: while the
         segment stands above its watermark (or a put was refused) it evicts leases the moment they run out, a batch
-        each time, so the passes run at each lease timeout on the way, not once at the end."""
+        each time, so the passes run at each lease timeout on the way (and when a slow pass it waited for ended),
+        not once at the end."""
         policy, evicted = self.mooncake, []  # the pass at the current time ran after the last write
-        for timeout in policy.lease_timeouts(seconds):
-            if not self._needs_eviction():
-                break
-            policy.now = timeout
+        while self._needs_eviction() and (wake := self._next_wake(seconds)) is not None:
+            policy.now = wake
             evicted += self._evict(keep_evicted)
         policy.now = max(policy.now, seconds)
         return evicted + self._evict(keep_evicted)
+
+    def _next_wake(self, until: float) -> float | None:
+        """The first moment up to `until` the eviction thread finds work: a lease running out, or the end of the
+        slow pass it put a pass off for."""
+        timeouts = self.mooncake.lease_timeouts(until)
+        put_off = self._put_off
+        wakes = timeouts[:1] + ([put_off[0]] if put_off is not None and put_off[0] <= until else [])
+        return min(wakes) if wakes else None
+
+    def _slow_pass_at(self, seconds: float) -> tuple[float, float] | None:
+        """(ended, began) of the real master's slow pass under way at `seconds`; None when none was."""
+        passes = self._slow_passes
+        index = bisect_right(passes, (seconds, float("inf"), float("inf"))) - 1
+        if index < 0 or seconds >= passes[index][1]:
+            return None
+        return passes[index][1], passes[index][2]
 
     def probe(self, keys: Sequence[Key]) -> None:
         """The client's existence check over `keys`: one batch, which leases every present block. The get that
@@ -117,7 +147,13 @@ class MooncakeTier(Tier):
     def _evict(self, keep_evicted: bool, writing: Sequence[Key] = ()) -> list[Evicted]:
         """One pass of Mooncake's eviction thread, with the blocks of a put still `writing`. A refused allocation's
         flag stays up until a pass evicts, or finds no completed object to evict (BatchEvict's eviction base 0)."""
-        victims = self.mooncake.pop_batch(self._used(), self._flagged, writing)
+        now, judged_at = self.mooncake.now, None
+        if self._put_off is not None and self._put_off[0] <= now:
+            judged_at, self._put_off = self._put_off[1], None
+        if self._slow_passes and (slow := self._slow_pass_at(now)) is not None:
+            self._put_off = slow
+            return []
+        victims = self.mooncake.pop_batch(self._used(), self._flagged, writing, judged_at)
         if not victims:
             if len(self.mooncake) == len(writing):
                 self._flagged = False

@@ -17,7 +17,7 @@ import random
 import zlib
 from collections import OrderedDict, deque
 from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Sequence
-from itertools import filterfalse, islice, repeat
+from itertools import filterfalse, islice, repeat, takewhile
 from operator import mod, sub
 from typing import ClassVar
 
@@ -244,15 +244,22 @@ class MooncakePolicy(EvictionPolicy):
             del self._leased[timeout][key]
         return super().discard(key)
 
-    def pop_batch(self, used_ratio: float, flagged: bool, writing: Collection[Key] = ()) -> list[tuple[Key, int]]:
+    def pop_batch(
+        self, used_ratio: float, flagged: bool, writing: Collection[Key] = (), judged_at: float | None = None
+    ) -> list[tuple[Key, int]]:
         """What one BatchEvict removes now, with sizes (nothing below the watermark unless an allocation failed):
         of the leases run out, the earliest first; the blocks of a put still `writing` are neither counted nor
-        taken."""
+        taken. A pass that began earlier (a slow one, ending now) takes only leases run out by `judged_at`."""
         completed = len(self._blocks) - len(writing)
         if completed <= 0 or (used_ratio <= self.high_watermark and not flagged):
             return []
         target = max(self.eviction_ratio, used_ratio - self.high_watermark + self.eviction_ratio)
-        candidates = filterfalse(set(writing).__contains__, self._run_out) if writing else self._run_out
+        candidates: Iterable[Key] = self._run_out
+        if writing:
+            candidates = filterfalse(set(writing).__contains__, candidates)
+        if judged_at is not None:
+            lease = self._lease
+            candidates = takewhile(lambda key: lease[key] <= judged_at, candidates)
         return self._remove(list(islice(candidates, math.ceil(completed * target))))
 
     def _remove(self, keys: list[Key]) -> list[tuple[Key, int]]:

@@ -6,11 +6,14 @@ The segment holds 10 blocks of 100 B; requests are 0.1 s apart on the clock (the
 
 from __future__ import annotations
 
+import datetime
 import math
 import random
+from pathlib import Path
 
 import pytest
 
+from kvscope.tierstore.mooncake import eviction_passes
 from kvscope.tierstore.mooncake_tier import MooncakeTier
 from kvscope.tierstore.policies import LruPolicy, MooncakePolicy
 from kvscope.tierstore.store import TieredStore
@@ -234,3 +237,40 @@ def test_the_eviction_order_is_every_run_out_lease_earliest_first_whatever_the_m
             for _, key in expected:
                 del table[key]
     assert sorted(policy.keys()) == sorted(table)
+
+
+def test_while_the_real_masters_pass_runs_slow_no_other_starts_and_puts_find_no_room():
+    """A mirror follows the real master's slow passes: one from 0.1 to 0.5 s. The put at 0.1 fills the segment;
+    its pass waits for the slow one, so the put at 0.3 finds no room (refused: vLLM's connector does not retry);
+    at 0.5 the pass runs, on what was run out by then."""
+    tier = segment(retries=False)
+    tier.follow_slow_passes([(0.1, 0.5)])
+    request(tier, 0.0, puts=keys("a", 9))
+    assert request(tier, 0.1, puts=["b0"]) == []
+    assert request(tier, 0.3, puts=["c0"]) == [] and tier.refused == 1
+    assert request(tier, 0.6) == ["a0", "a1"]
+    assert tier.mooncake.now == pytest.approx(0.6)
+
+
+def test_a_slow_pass_takes_what_had_run_out_when_it_began():
+    """The slow pass from 0.1 to 0.5 s judges leases as of 0.1: a's leases (until 0.35) ran out while it ran, but
+    only b0's had run out when it began."""
+    tier = segment(ttl=0.3, retries=False)
+    tier.follow_slow_passes([(0.1, 0.5)])
+    request(tier, 0.0, puts=keys("a", 9))
+    request(tier, 0.05, reads=keys("a", 9))
+    assert request(tier, 0.1, puts=["b0"]) == []
+    assert request(tier, 0.6) == ["b0"]
+
+
+def test_the_real_masters_eviction_passes_from_its_log():
+    """The captured log of a master on a busy machine (tests/fixtures/mooncake/PROVENANCE.md): 20 passes, as many
+    evicted as the [EVICT-RESULT] lines say, one of them 5 s long."""
+    log = (Path(__file__).parents[1] / "fixtures" / "mooncake" / "master_eviction_log.txt").read_text()
+    passes = eviction_passes(log, 2026)
+    assert len(passes) == 20 and all(p.ended >= p.began for p in passes)
+    assert passes[0].evicted == 7 and sum(p.evicted for p in passes) == 213
+    slowest = max(passes, key=lambda p: p.ended - p.began)
+    assert slowest.ended - slowest.began == pytest.approx(5.006, abs=0.001)
+    began = datetime.datetime.fromtimestamp(slowest.began)
+    assert (began.month, began.day, began.hour, began.minute, began.second) == (12, 5, 2, 13, 1)
