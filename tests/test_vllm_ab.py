@@ -81,17 +81,21 @@ def _own_ipc_sockets(data: dict) -> None:
 
 def _mirrors_agree(data: dict, name: str) -> None:
     """The embedded store's model of the arm (vLLM's blocks freed tail first, then Mooncake's policy, on the real
-    arm's request times) collapses in the same round as the real arm and is within 0.05 of it in every round up to
-    the round after the collapse (the collapse's depth): of the range its seeds span (`hit_ratio_range`; which
-    chains survive a collapse turns on the master's random shard order, a single point before it). Later rounds
-    are held on average, within 0.05 of the mean of the seeds' lows and highs: what little survives there also
-    turns on tenths of a second between a save and other chains' lease timeouts, and single rounds of the real
-    arm left the seeds' range (round 10 at .119 against at most .060; README "The mirror runs on the real arm's
-    clock")."""
+    arm's request and save times and its master's eviction passes) collapses in the same round as the real arm and
+    is within 0.05 of it in every round up to the round after the collapse (the collapse's depth): of the range its
+    seeds span (`hit_ratio_range`; which chains survive a collapse turns on the master's random shard order, a
+    single point before it). Later rounds are held on average, within 0.05 of the mean of the seeds' lows and
+    highs: what little survives there also turns on tenths of a second between a save and other chains' lease
+    timeouts (README "The mirror runs on the real arm's clock")."""
     real, model = data["arms"][name]["rounds"], data["arms"][f"{name}_sim"]["rounds"]
     assert [r["query_tokens"] for r in model] == [r["query_tokens"] for r in real]
     ranges = [[round(bound, 3) for bound in r["hit_ratio_range"]] for r in model]
-    curves = f"real {[round(r['hit_ratio'], 3) for r in real]}, model {ranges}"
+    requests = [(r["request_hit_tokens"], m["request_hit_tokens"]) for r, m in zip(real, model, strict=True)]
+    slow = [p for r in real for p in r.get("store_eviction_passes") or () if p[1] - p[0] > 0.02]
+    curves = (
+        f"real {[round(r['hit_ratio'], 3) for r in real]}, model {ranges}; per request, real against the model's "
+        f"first seed: {requests}; the master's passes over 20 ms: {slow}"
+    )
     collapse = data["arms"][name]["observed_collapse_round"]
     assert data["arms"][f"{name}_sim"]["observed_collapse_round"] == collapse, curves
     held = len(real) if collapse is None else collapse + 1
@@ -120,18 +124,20 @@ def _misses_explained(arm: dict) -> None:
 
 def _mirror_causes_agree(data: dict, name: str, first_round: int) -> None:
     """The real arm's causes against its mirror's (the embedded model of vLLM's cache and Mooncake's policy on
-    the real arm's request times, its first seed) from `first_round` on, summed over those rounds: the hits lost
-    (evicted + chain_broken) and each other cause within 0.05 of the tokens those rounds prompted. The split of
-    the lost hits between evicted and chain_broken is not held: which chains outlive a collapse turns on the
-    master's random shard order (the mirror's seeds span .18-.30 in round 8), and the split moves with it (gaps of
-    0.028 and 0.054 of the prompted tokens on two runs here, against one seed of the mirror)."""
+    the real arm's clock, its first seed) from `first_round` on, summed over those rounds: each cause within 0.05
+    of the tokens those rounds prompted, and the hits lost (evicted + chain_broken) within that and the spread of
+    the model's seeds over those rounds (a hit lost is a hit the one seed may have made: which chains outlive a
+    collapse turns on the master's random shard order). The split of the lost hits between evicted and
+    chain_broken is not held: it moves with the same random order."""
     real, model = (data["arms"][arm]["rounds"][first_round - 1 :] for arm in (name, f"{name}_sim"))
     prompted = sum(row["query_tokens"] for row in real)
+    spread = sum((row["hit_ratio_range"][1] - row["hit_ratio_range"][0]) * row["query_tokens"] for row in model)
     groups = {"lost": ("evicted", "chain_broken")} | {cause: (cause,) for cause in CAUSES if cause not in
                                                        ("evicted", "chain_broken")}  # fmt: skip
     for group, causes in groups.items():
         ours, theirs = (sum(row["miss_causes"][c] for row in rows for c in causes) for rows in (real, model))
-        assert abs(ours - theirs) <= 0.05 * prompted, (name, group, ours, theirs, prompted)
+        allowed = 0.05 * prompted + (spread if group == "lost" else 0)
+        assert abs(ours - theirs) <= allowed, (name, group, ours, theirs, prompted, round(spread))
 
 
 def test_real_vllm_and_mooncake_collapse_where_the_planner_says(real_stack, tmp_path):

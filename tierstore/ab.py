@@ -24,7 +24,7 @@ from kvscope.tierstore.engine import EngineEmulator, RequestClock, Served
 from kvscope.tierstore.lifecycle import lifecycle_report
 from kvscope.tierstore.live import ENGINES
 from kvscope.tierstore.misses import causes_between
-from kvscope.tierstore.mooncake_tier import SLOW_PASS_S, MooncakeTier
+from kvscope.tierstore.mooncake_tier import MooncakeTier
 from kvscope.tierstore.planner import Plan, RoundPlan, plan
 from kvscope.tierstore.policies import MooncakePolicy, make_policy
 from kvscope.tierstore.store import KVStore, NoStore, TieredStore
@@ -124,15 +124,14 @@ def ttft_model(scenario: spec.Scenario) -> TtftModel | None:
 def request_clock(arm: spec.ArmSpec, store: KVStore, real_rows: Sequence[dict] = ()) -> RequestClock | None:
     """When each request of an arm does its KV work, for an embedded store (its tiers time their blocks' lifecycle
     on it, a Mooncake segment's model its evictions): the arm's pacing (`request_interval`), or the request times a
-    real arm recorded (`real_rows`), with its master's slow eviction passes; None for a real store, which runs on
+    real arm recorded (`real_rows`), with its master's eviction passes; None for a real store, which runs on
     real time."""
     if not isinstance(store, TieredStore | NoStore):
         return None
     clock = RequestClock(arm.mooncake_settings.request_interval, real_rows)
-    slow = [(began, ended) for began, ended in clock.eviction_passes if ended - began > SLOW_PASS_S]
     for tier in store.tiers:
-        if isinstance(tier, MooncakeTier):
-            tier.follow_slow_passes(slow)
+        if isinstance(tier, MooncakeTier) and clock.eviction_passes:
+            tier.follow_eviction_passes(clock.eviction_passes)
     return clock
 
 

@@ -14,7 +14,6 @@ offload heartbeat wrote it), and soft pins, replicas and several segments do not
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections.abc import Sequence
 from itertools import repeat
 
@@ -23,8 +22,8 @@ from kvscope.tierstore.misses import NOT_ADMITTED
 from kvscope.tierstore.policies import Key, MooncakePolicy
 from kvscope.tierstore.tier import Evicted, PayloadSource, Tier
 
-SLOW_PASS_S = 0.02  # a real master's eviction pass that took longer held its eviction thread up (passes take ms)
-PASS_SLACK_S = 0.05  # how far a model's pass may come before the real one it stands for (the clocks' alignment)
+PASS_SLACK_S = 0.05  # how far a model's pass may come after the real one it stands for began (clocks' alignment)
+PASS_WAKE_S = 0.25  # how long after a put a real master's pass began, at most, on a busy machine (0.17 s seen)
 
 
 class MooncakeTier(Tier):
@@ -41,21 +40,25 @@ class MooncakeTier(Tier):
         self.retries_refused = retries_refused
         self.refused = 0  # blocks whose put was refused for good
         self._flagged = False  # an allocation failed: the eviction thread evicts even below the watermark
-        # a real master's slow passes: (began less the slack, ended, began)
-        self._slow_passes: list[tuple[float, float, float]] = []
-        self._put_off: tuple[float, float] | None = None  # the slow pass a model's pass stands for: (ended, began)
+        self._real_passes: list[tuple[float, float]] = []  # (began, ended) of the real master's passes, a mirror's
+        self._next_real = 0  # the first of them no model pass stood for yet
+        # the real pass a model's pass waits for, (ended, began), with the segment as that pass found it (used,
+        # objects counted)
+        self._put_off: tuple[float, float, float, int] | None = None
 
     @property
     def mooncake(self) -> MooncakePolicy:
         return self.policy  # type: ignore[return-value]  # the constructor takes only a MooncakePolicy
 
-    def follow_slow_passes(self, passes: Sequence[tuple[float, float]]) -> None:
-        """The (began, ended) times of the real master's eviction passes that took long, on this tier's clock (a
-        mirror of a real arm): while one ran, the thread started no other, and the puts that did not fit were
-        refused. A pass the model would run meanwhile (or up to PASS_SLACK_S before one) stands for it: it evicts
-        when that one ended, what had run out when it began (BatchEvict judges leases by the time it started, and
-        spares a candidate leased again since)."""
-        self._slow_passes = sorted((began - PASS_SLACK_S, ended, began) for began, ended in passes)
+    def follow_eviction_passes(self, passes: Sequence[tuple[float, float]]) -> None:
+        """The (began, ended) times of the real master's eviction passes, on this tier's clock (a mirror of a real
+        arm). On a busy machine a pass began up to a few tenths of a second after the put that set it off and ran
+        up to seconds; meanwhile the puts that did not fit were refused. So a pass the model would run stands for
+        the real pass under way or beginning within PASS_WAKE_S (one no earlier model pass stood for): it evicts
+        when that one ended as many as the segment called for when it began, of what had run out then (BatchEvict
+        reads the memory in use and counts the objects when it starts, judges leases by that time, and spares a
+        candidate leased again since). With no real pass near, it runs at once."""
+        self._real_passes, self._next_real = sorted(passes), 0
 
     def at(self, seconds: float, keep_evicted: bool = False) -> list[Evicted]:
         """The clock moves to `seconds` (never back). Mooncake's eviction thread wakes every 10 ms: while the
@@ -71,19 +74,25 @@ class MooncakeTier(Tier):
 
     def _next_wake(self, until: float) -> float | None:
         """The first moment up to `until` the eviction thread finds work: a lease running out, or the end of the
-        slow pass it put a pass off for."""
+        real pass it put a pass off for."""
         timeouts = self.mooncake.lease_timeouts(until)
         put_off = self._put_off
         wakes = timeouts[:1] + ([put_off[0]] if put_off is not None and put_off[0] <= until else [])
         return min(wakes) if wakes else None
 
-    def _slow_pass_at(self, seconds: float) -> tuple[float, float] | None:
-        """(ended, began) of the real master's slow pass under way at `seconds`; None when none was."""
-        passes = self._slow_passes
-        index = bisect_right(passes, (seconds, float("inf"), float("inf"))) - 1
-        if index < 0 or seconds >= passes[index][1]:
+    def _real_pass_for(self, seconds: float) -> tuple[float, float] | None:
+        """(ended, began) of the real pass a model's pass at `seconds` stands for: the first one not stood for yet
+        that was under way then (begun up to PASS_SLACK_S earlier, or ending later) or began within PASS_WAKE_S;
+        None when there is none."""
+        passes, index = self._real_passes, self._next_real
+        while index < len(passes) and passes[index][1] < seconds and passes[index][0] < seconds - PASS_SLACK_S:
+            index += 1  # over before this pass: one the model did not need
+        self._next_real = index
+        if index == len(passes) or passes[index][0] > seconds + PASS_WAKE_S:
             return None
-        return passes[index][1], passes[index][2]
+        self._next_real = index + 1
+        began, ended = passes[index]
+        return ended, began
 
     def probe(self, keys: Sequence[Key]) -> None:
         """The client's existence check over `keys`: one batch, which leases every present block. The get that
@@ -147,13 +156,20 @@ class MooncakeTier(Tier):
     def _evict(self, keep_evicted: bool, writing: Sequence[Key] = ()) -> list[Evicted]:
         """One pass of Mooncake's eviction thread, with the blocks of a put still `writing`. A refused allocation's
         flag stays up until a pass evicts, or finds no completed object to evict (BatchEvict's eviction base 0)."""
-        now, judged_at = self.mooncake.now, None
-        if self._put_off is not None and self._put_off[0] <= now:
-            judged_at, self._put_off = self._put_off[1], None
-        if self._slow_passes and (slow := self._slow_pass_at(now)) is not None:
-            self._put_off = slow
+        if not self._needs_eviction():
             return []
-        victims = self.mooncake.pop_batch(self._used(), self._flagged, writing, judged_at)
+        policy = self.mooncake
+        now, used, completed, judged_at = policy.now, self._used(), len(policy) - len(writing), None
+        if self._put_off is not None:
+            if self._put_off[0] > now:
+                return []  # the thread is in (or waking for) the real pass this one stands for
+            (_, judged_at, used, completed), self._put_off = self._put_off, None
+        elif self._real_passes and (real := self._real_pass_for(now)) is not None:
+            if real[0] > now:
+                self._put_off = (*real, used, completed)
+                return []
+            judged_at = min(real[1], now)
+        victims = policy.pop_batch(used, self._flagged, writing, judged_at, completed)
         if not victims:
             if len(self.mooncake) == len(writing):
                 self._flagged = False

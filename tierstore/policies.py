@@ -245,12 +245,19 @@ class MooncakePolicy(EvictionPolicy):
         return super().discard(key)
 
     def pop_batch(
-        self, used_ratio: float, flagged: bool, writing: Collection[Key] = (), judged_at: float | None = None
+        self,
+        used_ratio: float,
+        flagged: bool,
+        writing: Collection[Key] = (),
+        judged_at: float | None = None,
+        completed: int | None = None,
     ) -> list[tuple[Key, int]]:
         """What one BatchEvict removes now, with sizes (nothing below the watermark unless an allocation failed):
         of the leases run out, the earliest first; the blocks of a put still `writing` are neither counted nor
-        taken. A pass that began earlier (a slow one, ending now) takes only leases run out by `judged_at`."""
-        completed = len(self._blocks) - len(writing)
+        taken. A pass that began earlier (and ends now) takes only leases run out by `judged_at`, as many as the
+        `used_ratio` and the `completed` objects it found then called for."""
+        if completed is None:
+            completed = len(self._blocks) - len(writing)
         if completed <= 0 or (used_ratio <= self.high_watermark and not flagged):
             return []
         target = max(self.eviction_ratio, used_ratio - self.high_watermark + self.eviction_ratio)

@@ -244,7 +244,7 @@ def test_while_the_real_masters_pass_runs_slow_no_other_starts_and_puts_find_no_
     its pass waits for the slow one, so the put at 0.3 finds no room (refused: vLLM's connector does not retry);
     at 0.5 the pass runs, on what was run out by then."""
     tier = segment(retries=False)
-    tier.follow_slow_passes([(0.1, 0.5)])
+    tier.follow_eviction_passes([(0.1, 0.5)])
     request(tier, 0.0, puts=keys("a", 9))
     assert request(tier, 0.1, puts=["b0"]) == []
     assert request(tier, 0.3, puts=["c0"]) == [] and tier.refused == 1
@@ -256,11 +256,23 @@ def test_a_slow_pass_takes_what_had_run_out_when_it_began():
     """The slow pass from 0.1 to 0.5 s judges leases as of 0.1: a's leases (until 0.35) ran out while it ran, but
     only b0's had run out when it began."""
     tier = segment(ttl=0.3, retries=False)
-    tier.follow_slow_passes([(0.1, 0.5)])
+    tier.follow_eviction_passes([(0.1, 0.5)])
     request(tier, 0.0, puts=keys("a", 9))
     request(tier, 0.05, reads=keys("a", 9))
     assert request(tier, 0.1, puts=["b0"]) == []
     assert request(tier, 0.6) == ["b0"]
+
+
+def test_a_pass_that_began_late_spares_what_was_leased_before_it_began():
+    """The real master's pass set off by b0's put at 0.1 s began at 0.25 (a busy machine) and ended at 0.5: the
+    model's pass stands for it, with the segment as the put left it (2 of the 9 completed objects). a0 and a1,
+    looked up at 0.2, were leased again by then: a2 and a3 go."""
+    tier = segment(ttl=0.3, retries=False)
+    tier.follow_eviction_passes([(0.25, 0.5)])
+    request(tier, 0.0, puts=keys("a", 9))
+    assert request(tier, 0.1, puts=["b0"]) == []
+    assert request(tier, 0.2, reads=["a0", "a1"]) == []
+    assert request(tier, 0.6) == ["a2", "a3"]
 
 
 def test_the_real_masters_eviction_passes_from_its_log():
