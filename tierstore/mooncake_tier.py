@@ -63,7 +63,7 @@ class MooncakeTier(Tier):
     def at(self, seconds: float, keep_evicted: bool = False) -> list[Evicted]:
         """The clock moves to `seconds` (never back). Mooncake's eviction thread wakes every 10 ms: while the
         segment stands above its watermark (or a put was refused) it evicts leases the moment they run out, a batch
-        each time, so the passes run at each lease timeout on the way (and when a slow pass it waited for ended),
+        each time, so the passes run at each lease timeout on the way (and when a real pass it waited for ended),
         not once at the end."""
         policy, evicted = self.mooncake, []  # the pass at the current time ran after the last write
         while self._needs_eviction() and (wake := self._next_wake(seconds)) is not None:
@@ -171,7 +171,7 @@ class MooncakeTier(Tier):
             judged_at = min(real[1], now)
         victims = policy.pop_batch(used, self._flagged, writing, judged_at, completed)
         if not victims:
-            if len(self.mooncake) == len(writing):
+            if completed <= 0:
                 self._flagged = False
             return []
         self._flagged = False
