@@ -14,6 +14,7 @@ offload heartbeat wrote it), and soft pins, replicas and several segments do not
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from itertools import repeat
 
@@ -66,19 +67,20 @@ class MooncakeTier(Tier):
         each time, so the passes run at each lease timeout on the way (and when a real pass it waited for ended),
         not once at the end."""
         policy, evicted = self.mooncake, []  # the pass at the current time ran after the last write
-        while self._needs_eviction() and (wake := self._next_wake(seconds)) is not None:
+        timeouts = deque(policy.lease_timeouts(seconds))  # the leases that run out on the way (no grants meanwhile)
+        while self._needs_eviction() and (wake := self._next_wake(timeouts, seconds)) is not None:
             policy.now = wake
             evicted += self._evict(keep_evicted)
         policy.now = max(policy.now, seconds)
         return evicted + self._evict(keep_evicted)
 
-    def _next_wake(self, until: float) -> float | None:
-        """The first moment up to `until` the eviction thread finds work: a lease running out, or the end of the
-        real pass it put a pass off for."""
-        timeouts = self.mooncake.lease_timeouts(until)
-        put_off = self._put_off
-        wakes = timeouts[:1] + ([put_off[0]] if put_off is not None and put_off[0] <= until else [])
-        return min(wakes) if wakes else None
+    def _next_wake(self, timeouts: deque[float], until: float) -> float | None:
+        """The first moment up to `until` the eviction thread finds work: the next of the lease `timeouts` (taken
+        from them), or the end of the real pass it put a pass off for."""
+        put_off = self._put_off[0] if self._put_off is not None and self._put_off[0] <= until else None
+        if timeouts and (put_off is None or timeouts[0] <= put_off):
+            return timeouts.popleft()
+        return put_off
 
     def _real_pass_for(self, seconds: float) -> tuple[float, float] | None:
         """(ended, began) of the real pass a model's pass at `seconds` stands for: the first one not stood for yet
