@@ -199,11 +199,8 @@ class VllmArm:
         reported = Counter()
         first, request_hits, request_seconds, first_tokens, saves = len(self.pacer.starts), [], [], [], []
         assert self.server is not None
-        for number, request in enumerate(requests):
+        for request in requests:
             messages = self._turn(request.session, index + 1)
-            self.misses.settle()  # the events of the requests before this one
-            if number:
-                saves.append(self.misses.saved_after_s())
             token_ids = self.server.tokenize(self._client, messages)
             self.pacer.wait()
             lookup = self.misses.look_up(token_ids)  # what the engine's own lookup finds a few ms later
@@ -218,8 +215,8 @@ class VllmArm:
             self.misses.ledger.classify(lookup, hit, usage["prompt_tokens"])
             reported["prompt"] += usage["prompt_tokens"]
             request_hits.append(hit)
-        self.misses.settle()
-        saves.append(self.misses.saved_after_s())
+            self.misses.settle()  # its events, before the next request is looked up
+            saves.append(self.misses.saved_after_s())
         reported["cached"] = sum(request_hits)
         self.server.process.check_alive()  # the answers were its own, and what is scraped next will be
         self.engine.counters.rounds += 1
