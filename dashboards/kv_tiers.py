@@ -3,8 +3,8 @@
 Read top to bottom it follows the phenomenon of docs/design.md, 'The hit-rate collapse': the hit ratio per engine
 and layer (against its ideal where the model knows it), the tokens each layer serves, per engine where its prompt
 tokens came from (stacked by source) and why the computed ones missed (by cause), the bytes put, written and
-read per tier, occupancy against capacity with the headroom left before a tier must evict, evictions, and write
-amplification, which jumps when evicted chain heads are recomputed and rewritten.
+read per tier, occupancy against capacity with the headroom left before a tier must evict, evictions and how long
+blocks lived before them, and write amplification, which jumps when evicted chain heads are recomputed and rewritten.
 
 Engines and store systems are shown per `target` (the kvscope target that published them), as the recording rules
 keep them: two vLLM servers both call their first engine "0" and its offload "vllm_offload:0".
@@ -48,6 +48,16 @@ ENGINE = "{{target}} {{engine}}"
 MEDIUM = "{{target}} {{system}} {{tier}}"
 ROUTER = "{{target}} {{router}} {{phase}}"
 WORKER = "{{target}} {{worker_id}} {{engine}}"
+
+
+def _median(buckets: str) -> str:
+    """The median of a lifecycle instrument's buckets per medium (a bucket's bound is its `upper_bound` label,
+    handed to histogram_quantile as `le`, as the recording rules do for TTFT)."""
+    rate = f"rate({metric(buckets)}{{{MEDIA}}}[$__rate_interval])"
+    return (
+        "histogram_quantile(0.5, sum by (target, system, tier, le) (label_replace("
+        f'{rate}, "le", "$1", "upper_bound", "(.+)")))'
+    )
 
 
 def build() -> dashboard.Dashboard:
@@ -217,6 +227,23 @@ def build() -> dashboard.Dashboard:
             "eps",
             [Query(f"target_system_tier:kv_tier_evictions:rate5m{{{MEDIA}}}", MEDIUM)],
             axis_label="blocks/s",
+        ),
+        timeseries_panel(
+            "Block lifecycle per tier (median)",
+            "Of the blocks each medium evicted, the median time from their store to their eviction (lifetime) and "
+            "from their last access to it (idle); of the accesses, the median gap since the block's previous one "
+            "(reuse gap), with the meaning vLLM's --kv-cache-metrics gives them (over 5 min; the sources follow a "
+            "sample of the blocks). A reuse gap longer than the idle time means blocks go before they are reused: "
+            "the tier is too small for the workload's reuse.",
+            "s",
+            [
+                Query(_median(instrument), f"{MEDIUM} {name}")
+                for name, instrument in (
+                    ("lifetime", "kv.block.lifetime.blocks"),
+                    ("idle", "kv.block.idle.blocks"),
+                    ("reuse gap", "kv.block.reuse.accesses"),
+                )
+            ],
         ),
         timeseries_panel(
             "Lookups served per tier",

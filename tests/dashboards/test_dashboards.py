@@ -633,6 +633,18 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(
                 stored_once = total(f'sum(kv_miss_tokens_total{{{engine}, cause=~"evicted|chain_broken"}})')
                 assert stored_once > 0, causes
 
+        # The lifecycle panel's medians for the collapsed DRAM tier, as the panel asks for them: a block sits idle
+        # at most as long as it lived, so the median idle time is at most the median lifetime, and both are times.
+        lifecycle = next(p for p in data_panels(DASHBOARDS["kvscope-kv-tiers"]) if p["title"].startswith("Block life"))
+        dram_only = {"system": f"tierstore:{ab}/dram_only", "tier": "dram", "__rate_interval": RATE_INTERVAL}
+        medians = {}
+        for target in lifecycle["targets"]:
+            (sample,) = at_end(interpolate(target["expr"], dram_only))
+            medians[target["legendFormat"].rsplit("}} ", 1)[1]] = float(sample["value"][1])
+        assert medians.keys() == {"lifetime", "idle", "reuse gap"}
+        assert 0 < medians["idle"] <= medians["lifetime"] < math.inf, medians
+        assert 0 < medians["reuse gap"] < math.inf, medians
+
         while (test := progress())["status"] == "running":  # verdicts come when it ends
             assert time.monotonic() < deadline, "the A/B did not finish"
             time.sleep(0.25)
