@@ -42,6 +42,8 @@ NOT_MAPPED = {
     "lmcache_mp_l1_allocation_failure_chunks_total": "a failure: the model has no failure instrument",
     "lmcache_mp_l1_read_failure_chunks_total": "a failure: the model has no failure instrument",
     "lmcache_mp_l2_prefetch_failure_chunks_total": "a failure: the model has no failure instrument",
+    "lmcache_mp_l1_usage_ratio": "a ratio of the allocated bytes (mapped) to a size LMCache does not export",
+    "lmcache_mp_l1_staging_bytes": "part of L1's allocated bytes, not beside them",
     "lmcache_mp_timeouts_total": "the server's own health, no KV quantity",
     "lmcache_mp_event_bus_dropped_events_total": "the server's own health, no KV quantity",
     "lmcache_mp_event_bus_subscriber_exceptions_total": "the server's own health, no KV quantity",
@@ -119,7 +121,17 @@ def test_lookups_hits_evictions_and_moves_between_tiers_equal_the_raw_counters(m
     assert loaded == raw_value(raw, prefix + "l1_read_chunks_total") - raw_value(
         raw, prefix + "l2_store_submitted_objects_chunks_total"
     )
-    assert len([series for series in got if not series[0].startswith("kv.block.")]) == 13
+    # What each tier holds, 16 MiB a chunk: the chunks written to it and not evicted (L1 36 of 48, L2 12 of 16).
+    chunk = 16 * 2**20
+    held = {tier: model("kv.tier.allocated.bytes", **store, tier=tier) for tier in ("l1", "l2")}
+    l1_chunks = raw_value(raw, prefix + "l1_write_chunks_total") - raw_value(raw, prefix + "l1_evicted_chunks_total")
+    l2_chunks = raw_value(raw, prefix + "l2_store_completed_objects_chunks_total") - raw_value(
+        raw, prefix + "l2_evicted_objects_chunks_total"
+    )
+    assert held == {"l1": l1_chunks * chunk, "l2": l2_chunks * chunk} == {"l1": 36 * chunk, "l2": 12 * chunk}
+    assert held["l1"] == raw_value(raw, prefix + "l1_memory_usage_bytes")
+    assert held["l2"] == raw_value(raw, prefix + "l2_usage_bytes", l2_name="FSL2Adapter")
+    assert len([series for series in got if not series[0].startswith("kv.block.")]) == 15
 
 
 def test_l1_chunks_and_l0_blocks_map_onto_the_block_lifecycle(metrics_server):
