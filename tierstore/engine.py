@@ -82,7 +82,7 @@ def _recorded_times(row: dict) -> list[RequestTimes]:
     starts = row["request_start_s"]
     saves = row.get("request_saved_s") or [None] * len(starts)
     return [
-        RequestTimes(start, start + (first or 0.0 if saved is None else saved), start + wall)
+        RequestTimes(start, start + ((first or 0.0) if saved is None else saved), start + wall)
         for start, first, saved, wall in zip(starts, row["request_first_token_s"], saves, row["request_s"], strict=True)
     ]
 

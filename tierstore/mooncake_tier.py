@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from itertools import repeat
+from typing import NamedTuple
 
 from kvscope.tierstore.backends import Backend
 from kvscope.tierstore.misses import NOT_ADMITTED
@@ -25,6 +26,15 @@ from kvscope.tierstore.tier import Evicted, PayloadSource, Tier
 
 PASS_SLACK_S = 0.05  # how far a model's pass may come after the real one it stands for began (clocks' alignment)
 PASS_WAKE_S = 0.25  # how long after a put a real master's pass began, at most, on a busy machine (0.17 s seen)
+
+
+class _PutOffPass(NamedTuple):
+    """A model's pass that waits for the real pass it stands for to end, with the segment as that pass found it."""
+
+    ends: float
+    began: float
+    used: float  # the share of the segment in use
+    completed: int  # the objects the master counted (its eviction base)
 
 
 class MooncakeTier(Tier):
@@ -43,9 +53,7 @@ class MooncakeTier(Tier):
         self._flagged = False  # an allocation failed: the eviction thread evicts even below the watermark
         self._real_passes: list[tuple[float, float]] = []  # (began, ended) of the real master's passes, a mirror's
         self._next_real = 0  # the first of them no model pass stood for yet
-        # the real pass a model's pass waits for, (ended, began), with the segment as that pass found it (used,
-        # objects counted)
-        self._put_off: tuple[float, float, float, int] | None = None
+        self._put_off: _PutOffPass | None = None
 
     @property
     def mooncake(self) -> MooncakePolicy:
@@ -77,13 +85,13 @@ class MooncakeTier(Tier):
     def _next_wake(self, timeouts: deque[float], until: float) -> float | None:
         """The first moment up to `until` the eviction thread finds work: the next of the lease `timeouts` (taken
         from them), or the end of the real pass it put a pass off for."""
-        put_off = self._put_off[0] if self._put_off is not None and self._put_off[0] <= until else None
+        put_off = self._put_off.ends if self._put_off is not None and self._put_off.ends <= until else None
         if timeouts and (put_off is None or timeouts[0] <= put_off):
             return timeouts.popleft()
         return put_off
 
     def _real_pass_for(self, seconds: float) -> tuple[float, float] | None:
-        """(ended, began) of the real pass a model's pass at `seconds` stands for: the first one not stood for yet
+        """(began, ended) of the real pass a model's pass at `seconds` stands for: the first one not stood for yet
         that was under way then (begun up to PASS_SLACK_S earlier, or ending later) or began within PASS_WAKE_S;
         None when there is none."""
         passes, index = self._real_passes, self._next_real
@@ -93,8 +101,7 @@ class MooncakeTier(Tier):
         if index == len(passes) or passes[index][0] > seconds + PASS_WAKE_S:
             return None
         self._next_real = index + 1
-        began, ended = passes[index]
-        return ended, began
+        return passes[index]
 
     def probe(self, keys: Sequence[Key]) -> None:
         """The client's existence check over `keys`: one batch, which leases every present block. The get that
@@ -163,14 +170,16 @@ class MooncakeTier(Tier):
         policy = self.mooncake
         now, used, completed, judged_at = policy.now, self._used(), len(policy) - len(writing), None
         if self._put_off is not None:
-            if self._put_off[0] > now:
+            if self._put_off.ends > now:
                 return []  # the thread is in (or waking for) the real pass this one stands for
-            (_, judged_at, used, completed), self._put_off = self._put_off, None
+            _, judged_at, used, completed = self._put_off
+            self._put_off = None
         elif self._real_passes and (real := self._real_pass_for(now)) is not None:
-            if real[0] > now:
-                self._put_off = (*real, used, completed)
+            began, ended = real
+            if ended > now:
+                self._put_off = _PutOffPass(ended, began, used, completed)
                 return []
-            judged_at = min(real[1], now)
+            judged_at = min(began, now)
         victims = policy.pop_batch(used, self._flagged, writing, judged_at, completed)
         if not victims:
             if completed <= 0:
