@@ -183,6 +183,11 @@ class Prediction(_Open):
         default_factory=list,
         description="the miss cause expected to dominate each round (null: none expected, or no prediction)",
     )
+    dominant_lost_hit_cause_by_round: list[MissCause | None] = Field(
+        default_factory=list,
+        description="the cause expected to dominate the hits lost against the ideal each round, every cause but "
+        "cold (null: none expected to be lost, or no prediction)",
+    )
     explanation: list[str] = Field(default_factory=list)
 
 

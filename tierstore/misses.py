@@ -166,3 +166,9 @@ def dominant_cause(causes: dict) -> str | None:
     """The cause with the most tokens (the first of CAUSES on a tie); None when nothing missed."""
     cause = max(CAUSES, key=causes.__getitem__)
     return cause if causes[cause] else None
+
+
+def lost_hit_causes(causes: dict) -> dict:
+    """The causes of the hits lost against the ideal: every cause but `cold`, which an infinite cache misses too. A
+    collapse shows here: the new tokens every round brings can outnumber the hits its first round loses."""
+    return causes | {"cold": 0}

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from kvscope.tierstore import scenario as spec
 from kvscope.tierstore.depth import FollowedRound, follow_rounds
-from kvscope.tierstore.misses import CAUSES, dominant_cause
+from kvscope.tierstore.misses import CAUSES, dominant_cause, lost_hit_causes
 from kvscope.tierstore.workloads import MultiRoundWorkload, TraceWorkload, make_workload
 from kvscope.units import format_bytes
 
@@ -61,6 +61,8 @@ class ArmPrediction:
     # per round, the miss cause expected to dominate (kvscope.tierstore.misses.CAUSES); None: no misses expected,
     # or no prediction (a trace past its overflow)
     dominant_miss_causes: list[str | None] = field(default_factory=list)
+    # per round, the cause expected to dominate the hits lost against the ideal; None: none expected to be lost
+    dominant_lost_hit_causes: list[str | None] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -83,6 +85,7 @@ class Plan:
             "footprint_bytes_by_round": [r.footprint_bytes for r in self.rounds],
             "ideal_hit_ratio_by_round": [r.ideal_hit_ratio for r in self.rounds],
             "dominant_miss_cause_by_round": prediction.dominant_miss_causes,
+            "dominant_lost_hit_cause_by_round": prediction.dominant_lost_hit_causes,
             "explanation": self.explanation + prediction.explanation,
         }
 
@@ -180,15 +183,16 @@ def _predict_arm(
     overflow = next((r.round for r in result.rounds if r.footprint_bytes > capacity), None)
     explanation = [f"capacity {format_bytes(capacity)} ({how}); evictions by {evicts}"]
     ideal_causes = [_dominant_ideal_cause(r) for r in result.rounds]
+    none_lost: list[str | None] = [None] * len(result.rounds)
     if overflow is None:
         explanation.append("the working set never exceeds it: every round can reach its ideal, no collapse")
-        return ArmPrediction(capacity, policy, None, None, explanation, dominant_miss_causes=ideal_causes)
+        return ArmPrediction(capacity, policy, None, None, explanation, [], ideal_causes, none_lost)
     footprint = result.rounds[overflow - 1].footprint_bytes
     explanation.append(f"round {overflow} is the first whose working set ({format_bytes(footprint)}) exceeds it")
     if not isinstance(workload, MultiRoundWorkload):
         explanation.append("for a trace, whether the overflow collapses depends on reuse: run the A/B to see")
         causes = ideal_causes[: overflow - 1] + [None] * (len(result.rounds) - overflow + 1)
-        return ArmPrediction(capacity, policy, overflow, None, explanation, dominant_miss_causes=causes)
+        return ArmPrediction(capacity, policy, overflow, None, explanation, [], causes, none_lost)
     collapse, reason = _collapse_round(workload, result, capacity, policy, overflow)
     explanation.append(reason)
     if len(arm.tiers) > 1:
@@ -196,19 +200,22 @@ def _predict_arm(
     if workload.spec.order != "round_robin":
         explanation.append("the model assumes round-robin order: with shuffled order treat it as approximate")
     if collapse is None:
-        return ArmPrediction(capacity, policy, overflow, None, explanation, dominant_miss_causes=ideal_causes)
+        return ArmPrediction(capacity, policy, overflow, None, explanation, [], ideal_causes, none_lost)
     segment = _is_segment(arm, holding)
     followed = follow_rounds(workload, "mooncake" if segment else holding.policy,
                              holding.capacity if segment else capacity, scenario.block_bytes, workload.round_count,
                              arm.mooncake_settings)  # fmt: skip
     depth = _collapse_depth(followed, "mooncake" if segment else holding.policy, collapse)
     explanation.append(depth[1])
-    causes = ideal_causes[: collapse - 1] + [
-        _dominant_cause_followed(planned, round_) for planned, round_ in zip(result.rounds[collapse - 1 :],
-                                                                            followed[collapse - 1 :], strict=True)
-    ]  # fmt: skip
+    followed_causes = [
+        _followed_causes(planned, round_)
+        for planned, round_ in zip(result.rounds[collapse - 1 :], followed[collapse - 1 :], strict=True)
+    ]
+    causes = ideal_causes[: collapse - 1] + [dominant_cause(round_causes) for round_causes in followed_causes]
+    lost = none_lost[: collapse - 1] + [dominant_cause(lost_hit_causes(found)) for found in followed_causes]
     explanation.append(f"the miss cause expected to dominate from round {collapse}: {cause_runs(causes, collapse)}")
-    return ArmPrediction(capacity, policy, overflow, collapse, explanation, depth[0], causes)
+    explanation.append(f"the cause expected to dominate the hits lost against the ideal: {cause_runs(lost, collapse)}")
+    return ArmPrediction(capacity, policy, overflow, collapse, explanation, depth[0], causes, lost)
 
 
 def _dominant_ideal_cause(planned: RoundPlan) -> str | None:
@@ -220,18 +227,17 @@ def _dominant_ideal_cause(planned: RoundPlan) -> str | None:
     )  # fmt: skip
 
 
-def _dominant_cause_followed(planned: RoundPlan, followed: FollowedRound) -> str | None:
-    """The dominant cause of a round the tier model followed: the infinite cache's misses are `cold`; of the hits
+def _followed_causes(planned: RoundPlan, followed: FollowedRound) -> dict[str, float]:
+    """The expected causes of a round the tier model followed: the infinite cache's misses are `cold`; of the hits
     lost, those held past a request's hit run are `chain_broken`, those a put refused `not_admitted`, the rest
     `evicted`."""
     lost = max(0.0, planned.ideal_hit_tokens - followed.hit_tokens)
     broken = min(followed.held_past_hit_tokens, lost)
     refused = min(followed.refused_tokens, lost - broken)
-    return dominant_cause(
-        dict.fromkeys(CAUSES, 0)
-        | {"cold": planned.query_tokens - planned.ideal_hit_tokens, "chain_broken": broken, "not_admitted": refused,
-           "evicted": lost - broken - refused}
-    )  # fmt: skip
+    return dict.fromkeys(CAUSES, 0) | {
+        "cold": planned.query_tokens - planned.ideal_hit_tokens, "chain_broken": broken, "not_admitted": refused,
+        "evicted": lost - broken - refused,
+    }  # fmt: skip
 
 
 def cause_runs(causes: list[str | None], first: int) -> str:

@@ -6,15 +6,16 @@ from pathlib import Path
 
 from rich.table import Table
 
-from kvscope.tierstore.misses import CAUSES, dominant_cause
+from kvscope.tierstore.misses import CAUSES, dominant_cause, lost_hit_causes
 from kvscope.tierstore.planner import Plan, cause_runs
 from kvscope.units import format_bytes
 
 
 def rounds_table(result: dict) -> Table:
     """Per round, for each arm: hit ratio against the ideal (a mirror's with the range of its seeds where they
-    differ), tokens recomputed per request beyond the ideal's, bytes written per tier, evictions, and the miss cause
-    that dominated with its share of the misses (the planner's expected one beside it where it differs)."""
+    differ), tokens recomputed per request beyond the ideal's, bytes written per tier, evictions, and the cause that
+    dominated the missed tokens and the one that dominated the hits lost against the ideal, each with its share (the
+    planner's expected one beside it where it differs)."""
     arms = result["arms"]
     table = Table(title=f"{result['scenario']['name']}: hit ratio per round (ideal in the first column)")
     table.add_column("round", justify="right")
@@ -26,6 +27,7 @@ def rounds_table(result: dict) -> Table:
             table.add_column(f"{name}\n{tier} written", justify="right")
         table.add_column(f"{name}\nevictions", justify="right")
         table.add_column(f"{name}\nmissed most\n(expected)", justify="left")
+        table.add_column(f"{name}\nhits lost to\n(expected)", justify="left")
     first = next(iter(arms.values()))
     for index, row in enumerate(first["rounds"]):
         cells = [str(row["round"]), f"{row['ideal_hit_ratio']:.3f}"]
@@ -41,16 +43,24 @@ def rounds_table(result: dict) -> Table:
             cells.append(f"{arm_row['excess_recompute_tokens_per_request']:,.0f}")
             cells += [format_bytes(arm_row["written_bytes"][tier]) for tier in arm["totals"]["written_bytes"]]
             cells.append(f"{sum(arm_row['evictions'].values()):,}")
+            causes = arm_row.get("miss_causes")
             expected = arm["prediction"].get("dominant_miss_cause_by_round") or []
-            cells.append(_dominant_cell(arm_row, expected[index] if index < len(expected) else None))
+            cells.append(_dominant_cell(causes, expected[index] if index < len(expected) else None))
+            expected = arm["prediction"].get("dominant_lost_hit_cause_by_round") or []
+            lost = None
+            if causes is not None:  # a round at its ideal lost none, whatever an infinite cache misses too
+                lost = lost_hit_causes(causes) if arm_row["hit_tokens"] < arm_row["ideal_hit_tokens"] else _NO_MISSES
+            cells.append(_dominant_cell(lost, expected[index] if index < len(expected) else None))
         table.add_row(*cells)
     return table
 
 
-def _dominant_cell(row: dict, expected: str | None) -> str:
-    """The cause most of a round's missed tokens had and its share, with the expected one when they differ; '-'
-    where the misses were not classified (a real store)."""
-    causes = row.get("miss_causes")
+_NO_MISSES = dict.fromkeys(CAUSES, 0) | {"evicted_by_tier": {}}
+
+
+def _dominant_cell(causes: dict | None, expected: str | None) -> str:
+    """The cause most of a round's missed (or lost) tokens had and its share, with the expected one when they
+    differ; '-' where the misses were not classified."""
     if causes is None:
         return "-" if expected is None else f"- ({expected})"
     cause = dominant_cause(causes)
@@ -122,8 +132,8 @@ def verdict_lines(result: dict) -> list[str]:
         causes = totals.get("miss_causes")
         missed = f"; missed tokens: {miss_cause_line(causes)}" if causes else ""
         # what an infinite cache misses is cold: every other cause is a hit the arm lost against its ideal
-        if causes and any(causes[cause] for cause in CAUSES if cause != "cold"):
-            missed += f"; hits lost against the ideal: {miss_cause_line(causes | {'cold': 0})}"
+        if causes and dominant_cause(lost_hit_causes(causes)):
+            missed += f"; hits lost against the ideal: {miss_cause_line(lost_hit_causes(causes))}"
         lines.append(
             f"{name}: {outcome}{_depth(arm)}; hit ratio {totals['hit_ratio']:.3f} overall, "
             f"{totals['excess_recompute_tokens_per_request']:,.0f} tokens a request recomputed beyond the ideal's; "

@@ -1044,6 +1044,13 @@
     fill("arm-cards", cards);
   }
 
+  /** The cause of most of a round's hits lost against the ideal: every cause but cold, which an infinite cache
+   * misses too (the first in MISS_CAUSES' order on a tie). */
+  function lostMost(causes) {
+    const lost = Object.keys(MISS_CAUSES).filter((cause) => cause !== "cold" && causes[cause]);
+    return lost.reduce((most, cause) => (causes[cause] > causes[most] ? cause : most), lost[0]) || null;
+  }
+
   /** Why an arm's prompt tokens missed, round by round: a bar per round stacked by cause, each a share of the
    * round's misses (hover: the tokens, evicted ones by tier); none for a real store, whose misses are unexplained. */
   function missCauses(arm, rows) {
@@ -1055,6 +1062,8 @@
     const bars = explained.map((row, i) => {
       const causes = row.miss_causes;
       const total = sum(Object.keys(MISS_CAUSES).map((cause) => causes[cause] || 0));
+      const lost = row.hit_tokens < row.ideal_hit_tokens ? lostMost(causes) : null;
+      const lostText = lost ? `; of the hits lost against the ideal, most ${lost}` : "";
       let y = height;
       const parts = Object.entries(MISS_CAUSES)
         .filter(([cause]) => total && causes[cause])
@@ -1067,10 +1076,10 @@
             "rect",
             { class: "miss-cause", "data-cause": cause, x: i * step, y, width: Math.max(step - 1, 1), height: h,
               fill: color },
-            svg("title", { text: `round ${row.round}: ${cause} ${fmtInt(causes[cause])} tokens${by}` }),
+            svg("title", { text: `round ${row.round}: ${cause} ${fmtInt(causes[cause])} tokens${by}${lostText}` }),
           );
         });
-      return svg("g", { class: "miss-round", "data-round": row.round }, parts);
+      return svg("g", { class: "miss-round", "data-round": row.round, ...(lost ? { "data-lost": lost } : {}) }, parts);
     });
     const totals = {};
     for (const row of explained) {

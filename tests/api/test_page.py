@@ -109,6 +109,9 @@ def test_page_shows_the_ab_chart_and_its_collapse_alert(server, tmp_path, requir
     assert all(len(figure.find("g", "miss-round")) == finished["rounds"] for figure in figures.values())
     causes = {rect.attrs["data-cause"] for rect in figures["dram_only"].find("rect", "miss-cause")}
     assert {"cold", "evicted"} <= causes, causes  # new tokens every round, then the collapse's
+    lost = [g.attrs.get("data-lost") for g in figures["dram_only"].find("g", "miss-round")]
+    assert set(lost) - {None} <= {"chain_broken", "evicted"} and lost[-1] == "evicted", lost  # never cold
+    assert not any(g.attrs.get("data-lost") for g in figures["tiered"].find("g", "miss-round"))  # at its ideal
 
     # it fired while the A/B ran (above) and resolved when the A/B ended: listed under its A/B as resolved
     groups = [g for g in dom.by_id("alerts").find("details", "alert-group") if g.attrs.get("data-ab") == ab]

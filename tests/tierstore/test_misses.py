@@ -16,7 +16,7 @@ import yaml
 from kvscope.tierstore.ab import run_ab
 from kvscope.tierstore.contract import MissCause
 from kvscope.tierstore.engine import EngineEmulator
-from kvscope.tierstore.misses import CAUSES, ReportedMissLedger, dominant_cause
+from kvscope.tierstore.misses import CAUSES, ReportedMissLedger, dominant_cause, lost_hit_causes
 from kvscope.tierstore.mooncake_tier import MooncakeTier
 from kvscope.tierstore.planner import plan
 from kvscope.tierstore.policies import MooncakePolicy, make_policy
@@ -174,10 +174,12 @@ def test_the_causes_add_up_to_the_misses_in_every_round(path: Path):
 
 def test_the_long_output_collapse_is_chain_broken_and_evicted_never_cold():
     """The DRAM-only arm collapses in round 8. In every round from there, the cold tokens are exactly what an
-    infinite cache misses (the 5,000 new output tokens a session), and every hit lost against it is chain_broken or
-    evicted; after the onset round (where the new tokens still outweigh the first losses) they dominate."""
-    scenario = load_scenario(EXAMPLES / "long_output.yaml")
-    arm = run_ab(scenario)["arms"]["dram_only"]
+    infinite cache misses (the ~5,150 new tokens a session brings), every hit lost against it is chain_broken or
+    evicted, and those two dominate the hits lost in every collapse round (chain_broken while heads go and tails
+    stay, evicted once whole chains go), as predicted. Of all missed tokens they dominate from round 9: in the onset
+    round the new tokens still outnumber the first losses."""
+    result = run_ab(load_scenario(EXAMPLES / "long_output.yaml"))
+    arm = result["arms"]["dram_only"]
     collapse = arm["observed_collapse_round"]
     assert collapse == 8
     dominant = []
@@ -188,9 +190,12 @@ def test_the_long_output_collapse_is_chain_broken_and_evicted_never_cold():
         assert mc["not_admitted"] == 0 and mc["evicted_by_tier"] == {"dram": mc["evicted"]}
         dominant.append(dominant_cause(mc))
     assert dominant == ["cold", "chain_broken"] + ["evicted"] * 11
-    assert arm["rounds"][collapse - 1]["miss_causes"]["chain_broken"] > 0  # the onset: heads gone, tails held
+    lost = [dominant_cause(lost_hit_causes(row["miss_causes"])) for row in arm["rounds"]]
+    assert lost == [None] * 7 + ["chain_broken"] * 2 + ["evicted"] * 11  # the onset: heads gone, tails held
     observed = [dominant_cause(row["miss_causes"]) for row in arm["rounds"]]
     assert arm["prediction"]["dominant_miss_cause_by_round"] == observed
+    assert arm["prediction"]["dominant_lost_hit_cause_by_round"] == lost
+    assert result["arms"]["tiered"]["prediction"]["dominant_lost_hit_cause_by_round"] == [None] * 20
 
 
 def test_the_planner_names_the_cold_cause_where_nothing_collapses():
@@ -212,6 +217,9 @@ def test_the_table_and_the_lines_say_the_causes():
     rows = [line.split("│") for line in console.export_text().splitlines() if line.startswith("│")]
     row_9 = "│".join(next(cells for cells in rows if cells[1].strip() == "9"))
     assert "chain_broken 42%" in row_9 and "(" not in row_9.split("chain_broken 42%")[1].split("│")[0]
+    row_8 = [cell.strip() for cell in next(cells for cells in rows if cells[1].strip() == "8")]
+    assert row_8[8:10] == ["cold 67%", "chain_broken 90%"], row_8  # missed most; hits lost most (as expected)
+    assert row_8[-3:-1] == ["cold 100%", "none"], row_8  # the tiered arm lost none
     causes = dict.fromkeys(CAUSES, 0) | {"cold": 1, "evicted": 2, "chain_broken": 1, "evicted_by_tier": {"nof": 2}}
     assert miss_cause_line(causes) == "cold 25%, evicted 50% (nof), chain_broken 25%"
     dram_only = next(line for line in verdict_lines(result) if line.startswith("dram_only"))
@@ -223,4 +231,8 @@ def test_the_table_and_the_lines_say_the_causes():
     assert any(
         "expected to miss most: cold in rounds 1-8, chain_broken in round 9, evicted in rounds 10-20" in line
         for line in plan_lines(plan(load_scenario(EXAMPLES / "long_output.yaml")))
+    )
+    assert (
+        "  the cause expected to dominate the hits lost against the ideal: chain_broken in rounds 8-9, evicted in "
+        "rounds 10-20" in plan_lines(plan(load_scenario(EXAMPLES / "long_output.yaml")))
     )
