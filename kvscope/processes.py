@@ -6,6 +6,7 @@ kept for the error message of a failed start, and their listening sockets read f
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import shutil
 import signal
@@ -74,6 +75,10 @@ class OwnedProcess:
     ) -> None:
         """`group`: the program starts processes of its own, which must die with it (kvscope.procguard --group)."""
         self.name, self.argv, self.log = name, list(argv), log
+        # local wall time, as the program's own log lines give it (glog's name no year: they follow from this)
+        self.started = datetime.datetime.now()
+        self._log_read = 0  # bytes of the log new_log_lines() has handed out or holds back as a partial line
+        self._log_partial = b""
         guard = [sys.executable, "-m", "kvscope.procguard", str(os.getpid()), *(["--group"] if group else []), "--"]
         self._log_file = log.open("ab")
         try:
@@ -111,6 +116,19 @@ class OwnedProcess:
             return ""
         chosen = [line for line in text.splitlines() if containing is None or containing in line]
         return "\n".join(f"  | {line}" for line in chosen[-lines:])
+
+    def new_log_lines(self) -> list[str]:
+        """The complete lines the log gained since the last call (a last line still being written waits for the
+        next), so a log followed round after round costs what it grew, not its whole size each time."""
+        try:
+            with self.log.open("rb") as log:
+                log.seek(self._log_read)
+                grown = log.read()
+        except OSError:
+            return []
+        self._log_read += len(grown)
+        complete, _, self._log_partial = (self._log_partial + grown).rpartition(b"\n")
+        return complete.decode(errors="replace").splitlines()
 
     def stop(self, timeout_s: float = 10.0) -> int:
         """SIGTERM, then SIGKILL after `timeout_s`, to the process's whole group (a server's own worker processes

@@ -104,3 +104,21 @@ def test_unix_listening_names_a_descendants_socket_also_once_another_process_too
             if process is not None:
                 process.stop()
     assert first.unix_listening() == []
+
+
+def test_new_log_lines_hands_out_each_complete_line_once_as_the_log_grows(tmp_path):
+    """A log followed every round is read from where the last read stopped; a line still being written waits."""
+    program = (
+        "import sys, time; w = sys.stderr.write; w('one\\ntw'); sys.stderr.flush(); time.sleep(1); w('o\\nthree\\n');"
+        " sys.stderr.flush(); time.sleep(60)"
+    )
+    process = OwnedProcess("writer", [sys.executable, "-c", program], tmp_path / "log")
+    try:
+        wait_until(lambda: (tmp_path / "log").read_bytes().endswith(b"tw"), "the first write", 20, [process])
+        assert process.new_log_lines() == ["one"]
+        assert process.new_log_lines() == []
+        wait_until(lambda: (tmp_path / "log").read_bytes().endswith(b"three\n"), "the second write", 20, [process])
+        assert process.new_log_lines() == ["two", "three"]
+        assert process.new_log_lines() == []
+    finally:
+        process.stop()

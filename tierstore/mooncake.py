@@ -43,7 +43,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -136,27 +136,39 @@ class EvictionPass:
     evicted: int
 
 
-def eviction_passes(log: str, year: int) -> list[EvictionPass]:
-    """The master's eviction passes in its log (`-logtostderr`, glog's local time, which names no year: `year`'s):
-    `[EVICT-TRIGGER]` when one begins, `[EVICT-RESULT] evicted_count=N` (absent when it found nothing completed to
-    evict), `[EVICT-DONE]` when it ended. Under CPU contention a pass took from milliseconds to seconds here (its
-    candidates are gathered by 16 threads of its own); the store refuses puts that do not fit meanwhile."""
-    passes: list[EvictionPass] = []
-    began: float | None = None
-    evicted = 0
-    for line in log.splitlines():
-        if "[EVICT-" not in line or not (head := _GLOG_TIME.match(line)):
-            continue
-        month, day, hour, minute, second, micros = map(int, head.groups())
-        at = datetime.datetime(year, month, day, hour, minute, second, micros).timestamp()
-        if "[EVICT-TRIGGER]" in line:
-            began, evicted = at, 0
-        elif began is not None and (count := _EVICTED_COUNT.search(line)):
-            evicted = int(count.group(1))
-        elif began is not None and "[EVICT-DONE]" in line:
-            passes.append(EvictionPass(began, at, evicted))
-            began = None
-    return passes
+class EvictionLog:
+    """A master's eviction passes as its log grows (`-logtostderr`): `[EVICT-TRIGGER]` when one begins,
+    `[EVICT-RESULT] evicted_count=N` (absent when it found nothing completed to evict), `[EVICT-DONE]` when it ended.
+    Under CPU contention a pass took from milliseconds to seconds here (its candidates are gathered by 16 threads of
+    its own); the store refuses puts that do not fit meanwhile. glog's times are local and name no year: a line is of
+    the year the master started in, or of the next once its month and day come before the start's (a run across New
+    Year's Eve)."""
+
+    def __init__(self, started: datetime.datetime) -> None:
+        self._started = started
+        self._began: float | None = None  # the pass under way, begun in lines read earlier or now
+        self._evicted = 0
+
+    def read(self, lines: Iterable[str]) -> list[EvictionPass]:
+        """The passes these lines, the log's next ones, ended."""
+        passes: list[EvictionPass] = []
+        for line in lines:
+            if "[EVICT-" not in line or not (head := _GLOG_TIME.match(line)):
+                continue
+            at = self._seconds(*map(int, head.groups()))
+            if "[EVICT-TRIGGER]" in line:
+                self._began, self._evicted = at, 0
+            elif self._began is not None and (count := _EVICTED_COUNT.search(line)):
+                self._evicted = int(count.group(1))
+            elif self._began is not None and "[EVICT-DONE]" in line:
+                passes.append(EvictionPass(self._began, at, self._evicted))
+                self._began = None
+        return passes
+
+    def _seconds(self, month: int, day: int, hour: int, minute: int, second: int, micros: int) -> float:
+        started = self._started
+        year = started.year + ((month, day) < (started.month, started.day))
+        return datetime.datetime(year, month, day, hour, minute, second, micros).timestamp()
 
 
 def _binary(name: str) -> str | None:
@@ -186,6 +198,7 @@ class MooncakeArm:
         self.client: OwnedProcess | None = None
         self.listening: dict[str, list[str]] = {}  # each process's listening sockets once the arm was ready
         self.peak_rss: dict[str, int | None] = {}  # each process's peak resident memory, read before it stops
+        self._evictions: EvictionLog | None = None  # the master's log, followed from its start
 
     # --------------------------------------------------------------------------------------------- processes
 
@@ -330,12 +343,12 @@ class MooncakeArm:
             for role, url in (("mooncake-master", self.master_url), ("mooncake-client", self.client_url))
         ]
 
-    def eviction_passes(self) -> list[EvictionPass]:
-        """The master's eviction passes so far, from its log."""
+    def new_eviction_passes(self) -> list[EvictionPass]:
+        """The master's eviction passes that ended since the last call, from what its log gained meanwhile."""
         master = next(process for process in self.processes if process.name == "mooncake_master")
-        if not master.log.exists():
-            return []
-        return eviction_passes(master.log.read_text(errors="replace"), time.localtime().tm_year)
+        if self._evictions is None:
+            self._evictions = EvictionLog(master.started)
+        return self._evictions.read(master.new_log_lines())
 
     def describe(self) -> dict:
         """What a run records of the arm: the settings, the master's flags, the client's environment, every

@@ -116,7 +116,6 @@ class VllmArm:
         # vLLM alone (an arm without tiers): no store, no connector, requests as fast as the engine takes them
         self.store: MooncakeStore | NoStore = NoStore()
         self.pacer = Pacer(self.spec.mooncake_settings.request_interval if self.spec.tiers else 0.0)
-        self._passes_reported = 0  # the master's eviction passes already in a row
         try:
             extra_args, env = (), {}
             if self.spec.tiers:
@@ -275,10 +274,9 @@ class VllmArm:
         """The Mooncake master's eviction passes since the last round's row: [began, ended] in seconds from the arm's
         first request, and the objects evicted."""
         assert isinstance(self.store, MooncakeStore) and self.pacer.first_wall is not None
-        passes = self.store.processes.eviction_passes()
-        new, self._passes_reported = passes[self._passes_reported :], len(passes)
         first = self.pacer.first_wall
-        return [[round(p.began - first, 4), round(p.ended - first, 4), p.evicted] for p in new]
+        passes = self.store.processes.new_eviction_passes()
+        return [[round(p.began - first, 4), round(p.ended - first, 4), p.evicted] for p in passes]
 
     def _failure_codes(self) -> dict[str, int]:
         """Mooncake's return codes of the connector's failed operations, as its warnings in the server's log name

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kvscope.tierstore.mooncake import eviction_passes
+from kvscope.tierstore.mooncake import EvictionLog
 from kvscope.tierstore.mooncake_tier import MooncakeTier
 from kvscope.tierstore.policies import LruPolicy, MooncakePolicy
 from kvscope.tierstore.store import TieredStore
@@ -278,11 +278,26 @@ def test_a_pass_that_began_late_spares_what_was_leased_before_it_began():
 def test_the_real_masters_eviction_passes_from_its_log():
     """The captured log of a master on a busy machine (tests/fixtures/mooncake/PROVENANCE.md): 20 passes, as many
     evicted as the [EVICT-RESULT] lines say, one of them 5 s long."""
-    log = (Path(__file__).parents[1] / "fixtures" / "mooncake" / "master_eviction_log.txt").read_text()
-    passes = eviction_passes(log, 2026)
+    lines = (Path(__file__).parents[1] / "fixtures" / "mooncake" / "master_eviction_log.txt").read_text().splitlines()
+    log = EvictionLog(started=datetime.datetime(2026, 12, 5, 2, 0))
+    half = next(number for number, line in enumerate(lines) if "[EVICT-TRIGGER]" in line) + 1  # a pass under way
+    passes = log.read(lines[:half]) + log.read(lines[half:])  # read as the log grows
     assert len(passes) == 20 and all(p.ended >= p.began for p in passes)
     assert passes[0].evicted == 7 and sum(p.evicted for p in passes) == 213
     slowest = max(passes, key=lambda p: p.ended - p.began)
     assert slowest.ended - slowest.began == pytest.approx(5.006, abs=0.001)
     began = datetime.datetime.fromtimestamp(slowest.began)
     assert (began.month, began.day, began.hour, began.minute, began.second) == (12, 5, 2, 13, 1)
+
+
+def test_an_eviction_pass_across_new_years_eve_takes_its_year_from_the_masters_start():
+    """glog names no year: a master started on 31 December logs January's lines in the next year."""
+    log = EvictionLog(started=datetime.datetime(2026, 12, 31, 23, 50))
+    lines = [
+        "I1231 23:59:59.900000 12 master_service.cpp:100] [EVICT-TRIGGER] used_ratio=0.95",
+        "I0101 00:00:00.050000 12 master_service.cpp:101] [EVICT-RESULT] evicted_count=3",
+        "I0101 00:00:00.100000 12 master_service.cpp:102] [EVICT-DONE]",
+    ]
+    [evicted] = log.read(lines)
+    assert evicted.ended - evicted.began == pytest.approx(0.2) and evicted.evicted == 3
+    assert datetime.datetime.fromtimestamp(evicted.ended).year == 2027
