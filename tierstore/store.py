@@ -150,7 +150,7 @@ class TieredStore:
         self._keeps_bytes = any(tier.backend.holds_bytes for tier in self.tiers)
         # tiers of a system whose lookups and clock change what it keeps (Mooncake's leases): told of each lookup
         self._clocked = [(index, tier) for index, tier in enumerate(self.tiers) if type(tier).probe is not Tier.probe]
-        self._only_tier = self.tiers[0] if len(self.tiers) == 1 and not self._clocked else None
+        self._only_tier = self.tiers[0] if len(self.tiers) == 1 else None
 
     def __contains__(self, key: Key) -> bool:
         return any(key in tier for tier in self.tiers)
