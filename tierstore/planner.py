@@ -61,7 +61,8 @@ class ArmPrediction:
     # per round, the miss cause expected to dominate (kvscope.tierstore.misses.CAUSES); None: no misses expected,
     # or no prediction (a trace past its overflow)
     dominant_miss_causes: list[str | None] = field(default_factory=list)
-    # per round, the cause expected to dominate the hits lost against the ideal; None: none expected to be lost
+    # per round, the cause expected to dominate the hits lost against the ideal; None: none expected to be lost, or
+    # no prediction (a trace past its overflow)
     dominant_lost_hit_causes: list[str | None] = field(default_factory=list)
 
 
