@@ -198,6 +198,7 @@ class MooncakeArm:
         self.client: OwnedProcess | None = None
         self.listening: dict[str, list[str]] = {}  # each process's listening sockets once the arm was ready
         self.peak_rss: dict[str, int | None] = {}  # each process's peak resident memory, read before it stops
+        self._master: OwnedProcess | None = None
         self._evictions: EvictionLog | None = None  # the master's log, followed from its start
 
     # --------------------------------------------------------------------------------------------- processes
@@ -245,7 +246,8 @@ class MooncakeArm:
              "--port", str(self.ports["metadata"]), "--log-level", "WARNING"],
         )  # fmt: skip
         metadata.wait_listening(self.ports["metadata"], timeout)
-        master = self._spawn("mooncake_master", self.master_argv())
+        master = self._master = self._spawn("mooncake_master", self.master_argv())
+        self._evictions = EvictionLog(master.started)
         # its metrics listen first: a master whose RPC port is taken serves /metrics for a moment before it exits
         master.wait_listening(self.ports["rpc"], timeout)
         master.wait_listening(self.ports["metrics"], timeout)
@@ -345,10 +347,9 @@ class MooncakeArm:
 
     def new_eviction_passes(self) -> list[EvictionPass]:
         """The master's eviction passes that ended since the last call, from what its log gained meanwhile."""
-        master = next(process for process in self.processes if process.name == "mooncake_master")
-        if self._evictions is None:
-            self._evictions = EvictionLog(master.started)
-        return self._evictions.read(master.new_log_lines())
+        if self._master is None or self._evictions is None:  # not started
+            return []
+        return self._evictions.read(self._master.new_log_lines())
 
     def describe(self) -> dict:
         """What a run records of the arm: the settings, the master's flags, the client's environment, every

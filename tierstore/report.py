@@ -132,8 +132,9 @@ def verdict_lines(result: dict) -> list[str]:
         causes = totals.get("miss_causes")
         missed = f"; missed tokens: {miss_cause_line(causes)}" if causes else ""
         # what an infinite cache misses is cold: every other cause is a hit the arm lost against its ideal
-        if causes and dominant_cause(lost_hit_causes(causes)):
-            missed += f"; hits lost against the ideal: {miss_cause_line(lost_hit_causes(causes))}"
+        lost = lost_hit_causes(causes) if causes else None
+        if lost and dominant_cause(lost):
+            missed += f"; hits lost against the ideal: {miss_cause_line(lost)}"
         lines.append(
             f"{name}: {outcome}{_depth(arm)}; hit ratio {totals['hit_ratio']:.3f} overall, "
             f"{totals['excess_recompute_tokens_per_request']:,.0f} tokens a request recomputed beyond the ideal's; "
