@@ -168,33 +168,24 @@ class EngineEmulator:
             follow([gpu], head, keys[gpu_blocks:], gpu_blocks)
             gpu.release(keys)
         store.release(keys)
-        recompute = request.prompt_tokens - hit_blocks * self.block_tokens
+        block_tokens, prompt_tokens = self.block_tokens, request.prompt_tokens
+        gpu_hit, external_hit = gpu_blocks * block_tokens, hit.blocks * block_tokens
+        recompute = prompt_tokens - gpu_hit - external_hit
         counters = self.counters
         counters.requests += 1
-        counters.query_tokens += request.prompt_tokens
-        counters.external_query_tokens += request.prompt_tokens - gpu_blocks * self.block_tokens
-        counters.gpu_hit_tokens += gpu_blocks * self.block_tokens
-        counters.external_hit_tokens += hit.blocks * self.block_tokens
+        counters.query_tokens += prompt_tokens
+        counters.external_query_tokens += prompt_tokens - gpu_hit
+        counters.gpu_hit_tokens += gpu_hit
+        counters.external_hit_tokens += external_hit
         counters.recompute_tokens += recompute
         if self.ttft_model is None:
-            compute, load = recompute / self.prefill_tokens_per_s, store.load_seconds(hit)
-            parts = TtftParts(0.0, compute, load, 0.0)
-            ttft = compute + load
+            parts = TtftParts(0.0, recompute / self.prefill_tokens_per_s, store.load_seconds(hit), 0.0)
         else:
             reads: dict[str, list[tuple[int, float | None]]] = {}
             for nbytes, (link, medium) in zip(hit.read_bytes, self.tier_links, strict=True):
                 reads.setdefault(link, []).append((nbytes, medium))
-            parts = self.ttft_model.parts(request.prompt_tokens, hit_blocks * self.block_tokens, reads)
-            ttft = parts.total
-        return Served(
-            request.prompt_tokens,
-            gpu_blocks * self.block_tokens,
-            hit.blocks * self.block_tokens,
-            recompute,
-            put_bytes,
-            ttft,
-            parts,
-        )
+            parts = self.ttft_model.parts(prompt_tokens, gpu_hit + external_hit, reads)
+        return Served(prompt_tokens, gpu_hit, external_hit, recompute, put_bytes, parts.total, parts)
 
 
 class _RequestStart:

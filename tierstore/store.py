@@ -13,12 +13,15 @@ by the highest tier that holds it: a chain is only as good as its first missing 
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from operator import truediv
 from typing import Literal, Protocol
 
 from kvscope.tierstore.lifecycle import Followed
 from kvscope.tierstore.misses import MissLedger, ReportedMissLedger
+from kvscope.tierstore.policies import EvictionPolicy
 from kvscope.tierstore.tier import Evicted, Payload, Tier
 
 Key = Hashable
@@ -151,6 +154,10 @@ class TieredStore:
         # tiers of a system whose lookups and clock change what it keeps (Mooncake's leases): told of each lookup
         self._clocked = [(index, tier) for index, tier in enumerate(self.tiers) if type(tier).probe is not Tier.probe]
         self._only_tier = self.tiers[0] if len(self.tiers) == 1 else None
+        # each tier's read bandwidth for the cost model (a tier without one loads in no time), and the tiers whose
+        # policy reorders a chain when its request finishes
+        self._bandwidths = [tier.read_bandwidth or math.inf for tier in self.tiers]
+        self._chain_aware = [tier for tier in self.tiers if type(tier.policy).release is not EvictionPolicy.release]
 
     def __contains__(self, key: Key) -> bool:
         return any(key in tier for tier in self.tiers)
@@ -223,16 +230,12 @@ class TieredStore:
 
     def release(self, keys: Sequence[Key]) -> None:
         """The request that used this chain finished."""
-        for tier in self.tiers:
+        for tier in self._chain_aware:
             tier.release(keys)
 
     def load_seconds(self, read: PrefixRead) -> float:
         """The cost model's time to load a prefix read: each tier's bytes over its read bandwidth (0 without one)."""
-        return sum(
-            nbytes / tier.read_bandwidth
-            for nbytes, tier in zip(read.read_bytes, self.tiers, strict=True)
-            if nbytes and tier.read_bandwidth
-        )
+        return sum(map(truediv, read.read_bytes, self._bandwidths))
 
     def miss_ledger(self, gpu_cache: Tier | None, block_tokens: int) -> MissLedger:
         """Every tier is in view: each notes what it gave up."""

@@ -73,7 +73,7 @@ class Tier:
         self._read = policy.refresh or self._index.__getitem__
         # the policy evicts in its index's order (lru, fifo, tail_first): eviction needs no call per block
         self._pops_oldest = type(policy).pop_victim is EvictionPolicy.pop_victim
-        self._verifies = self.backend.holds_bytes
+        self._keeps_bytes = self.backend.holds_bytes  # writes store real bytes, reads verify them
         # The size every block written here has had; 0 once two sizes were written (reads then sum the sizes).
         self._block_bytes: int | None = None
         # Where the arm notes what became of each block it gave up (kvscope.tierstore.misses.MissLedger): this
@@ -140,7 +140,7 @@ class Tier:
         first = start + first_sampled(keys[0], start)  # the run's followed blocks: none in most short runs
         if first < start + run:
             self.lifecycle.hit(self._index, keys, first, start + run)
-        if self._verifies:
+        if self._keeps_bytes:
             for key in keys[start : start + run]:
                 self.backend.verify(key)
         return run, nbytes
@@ -188,17 +188,20 @@ class Tier:
         if is_put:
             counters.puts += len(keys)
             counters.put_bytes += total
-        fitting = min(len(keys), counters.capacity_bytes // nbytes) if nbytes else len(keys)
-        overrun = keys[: len(keys) - fitting]
-        keys = keys[len(keys) - fitting :]
-        evicted = [Evicted(key, nbytes, payload(key, nbytes) if keep_evicted and payload else None) for key in overrun]
-        counters.evictions += len(overrun)
-        counters.evicted_bytes += len(overrun) * nbytes
-        self._note_evicted(overrun)
-        evicted.extend(self._make_room(len(keys) * nbytes, keep_evicted))
+        if total <= counters.capacity_bytes:  # every block fits in the tier: most writes
+            evicted = self._make_room(total, keep_evicted)
+        else:  # the first blocks land and are evicted at once
+            fitting = counters.capacity_bytes // nbytes
+            overrun, keys = keys[: len(keys) - fitting], keys[len(keys) - fitting :]
+            keeps = keep_evicted and payload is not None
+            evicted = [Evicted(key, nbytes, payload(key, nbytes) if keeps else None) for key in overrun]
+            counters.evictions += len(overrun)
+            counters.evicted_bytes += len(overrun) * nbytes
+            self._note_evicted(overrun)
+            evicted.extend(self._make_room(len(keys) * nbytes, keep_evicted))
         self.policy.admit(keys, nbytes)
         counters.allocated_bytes += len(keys) * nbytes
-        if self.backend.holds_bytes:
+        if self._keeps_bytes:
             if payload is None:
                 raise ValueError(f"tier {self.name!r} keeps real bytes: a write needs a payload source")
             for key in keys:
@@ -261,8 +264,9 @@ class Tier:
                 if not keep_evicted:  # counted, not kept: no object a victim
                     if self.fates is None:
                         deque(map(popitem, repeat(False, victims)), maxlen=0)
-                    else:
-                        self._note_evicted(list(map(itemgetter(0), map(popitem, repeat(False, victims)))))
+                    else:  # each victim's fate noted as it is popped
+                        popped = map(itemgetter(0), map(popitem, repeat(False, victims)))
+                        self.fates.update(zip(popped, repeat(self.name)))
                     self._count_evictions(victims, victims * block_bytes)
                     return []
                 return self._count_evicted([Evicted(*popitem(False)) for _ in repeat(None, victims)],
