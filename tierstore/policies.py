@@ -17,7 +17,7 @@ import random
 import zlib
 from collections import OrderedDict, deque
 from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Sequence
-from itertools import filterfalse, islice, repeat, takewhile
+from itertools import compress, filterfalse, islice, repeat
 from operator import mod, sub
 from typing import ClassVar
 
@@ -153,11 +153,13 @@ class MooncakePolicy(EvictionPolicy):
         self.lease_ttl, self.high_watermark, self.eviction_ratio = lease_ttl, high_watermark, eviction_ratio
         self.shards = shards
         self._now = 0.0
-        # Each block's lease timeout; the blocks whose lease has run out, in the order of their timeouts (the
-        # eviction thread's order: a put's lease is its own time, so a put joins at once, a lookup's joins when the
-        # clock passes it); and the blocks still leased, by timeout (each a batch in grant order, earliest first)
+        # The index keeps the blocks whose lease has run out in the eviction thread's order, the order of their
+        # timeouts: a put's lease is its own time, so a put joins the end at once; a lookup moves what it leases to
+        # the end, where the eviction's scan from the head comes to it last, and again when the clock passes its
+        # timeout, behind what ran out meanwhile. One dict carries the order and the blocks (a block cycled in and out
+        # of the segment costs two dict operations, not the six of a separate order). Each block's lease timeout,
+        # and the blocks leased now, by timeout (each a batch in grant order, earliest first):
         self._lease: dict[Key, float] = {}
-        self._run_out: dict[Key, None] = {}  # a dict keeps insertion order, cheaper than an OrderedDict
         self._leased: dict[float, dict[Key, None]] = {}
         self._random = random.Random(seed)
         self._salt = self._random.getrandbits(64)  # a key's shard, as a real run's keys hash to shards at random
@@ -169,17 +171,17 @@ class MooncakePolicy(EvictionPolicy):
 
     @now.setter
     def now(self, seconds: float) -> None:
-        """The clock moves on (never back): the leases it passes run out, and their blocks join the eviction order
-        in the order of their timeouts."""
+        """The clock moves on (never back): the leases it passes run out, and their blocks join the end of the eviction
+        order in the order of their timeouts."""
         if seconds < self._now:
             raise ValueError(f"the Mooncake model's clock goes forward only: {seconds} s after {self._now} s")
-        self._now = seconds
-        leased = self._leased
+        self._now = float(seconds)
+        leased, to_end = self._leased, self._blocks.move_to_end
         while leased:
             timeout = next(iter(leased))
             if timeout > seconds:
                 break
-            self._run_out.update(leased.pop(timeout))
+            deque(map(to_end, leased.pop(timeout)), maxlen=0)
 
     def shard(self, key: Key) -> int:
         """The metadata shard of `key`, a function of the key and the seed that is the same in every process
@@ -194,16 +196,22 @@ class MooncakePolicy(EvictionPolicy):
     def grant(self, keys: Sequence[Key]) -> None:
         """Read leases for present `keys` (exist or get), in this order:
         `lease_timeout = max(lease_timeout, now + lease_ttl)`; a block leased at this moment already keeps its
-        place."""
-        timeout, lease, now = self._now + self.lease_ttl, self._lease, self._now
-        fresh = [key for key in keys if lease[key] < timeout]
+        place. As the clock only moves forward, a lease granted now outlasts every earlier one: the blocks it
+        does not extend are those leased at this very moment (all by C loops)."""
+        now, lease = self._now, self._lease
+        timeout = now + self.lease_ttl
+        if timeout > now:
+            same = self._leased.get(timeout)
+            fresh = list(filterfalse(same.__contains__, keys)) if same else list(keys)
+        else:  # no lease to speak of: a block put or looked up at this moment keeps its place
+            fresh = [key for key in keys if lease[key] < timeout]
         if not fresh:
             return
-        for key in [key for key in fresh if lease[key] > now]:  # leased still, by an earlier lookup
+        for key in compress(fresh, map(now.__lt__, map(lease.__getitem__, fresh))):  # leased still, earlier
             self._leased[lease[key]].pop(key, None)
-        deque(map(self._run_out.pop, fresh, repeat(None)), maxlen=0)
-        joined = self._run_out if timeout <= now else self._leased.setdefault(timeout, {})
-        joined.update(zip(fresh, repeat(None)))
+        deque(map(self._blocks.move_to_end, fresh), maxlen=0)
+        if timeout > now:
+            self._leased.setdefault(timeout, {}).update(zip(fresh, repeat(None)))
         lease.update(zip(fresh, repeat(timeout)))
 
     def grant_batch(self, keys: Sequence[Key]) -> None:
@@ -216,7 +224,6 @@ class MooncakePolicy(EvictionPolicy):
 
     def admit(self, keys: Sequence[Key], nbytes: int) -> None:
         super().admit(keys, nbytes)
-        self._run_out.update(zip(keys, repeat(None)))
         self._lease.update(zip(keys, repeat(self._now)))
 
     def lease_timeouts(self, until: float) -> list[float]:
@@ -229,7 +236,7 @@ class MooncakePolicy(EvictionPolicy):
         return self.pop_victims(1)[0]
 
     def pop_victims(self, count: int) -> list[tuple[Key, int]]:
-        victims = self._remove(list(islice(self._run_out, count)))
+        victims = self._take_run_out(count)
         for batch in self._leased.values():  # an overrun past every run-out lease: the earliest leased ones
             if len(victims) == count:
                 break
@@ -238,9 +245,7 @@ class MooncakePolicy(EvictionPolicy):
 
     def discard(self, key: Key) -> int:
         timeout = self._lease.pop(key, None)
-        if key in self._run_out:
-            del self._run_out[key]
-        elif timeout is not None:
+        if timeout is not None and timeout > self._now:
             del self._leased[timeout][key]
         return super().discard(key)
 
@@ -261,19 +266,38 @@ class MooncakePolicy(EvictionPolicy):
         if completed <= 0 or (used_ratio <= self.high_watermark and not flagged):
             return []
         target = max(self.eviction_ratio, used_ratio - self.high_watermark + self.eviction_ratio)
-        candidates: Iterable[Key] = self._run_out
-        if writing:
-            candidates = filterfalse(set(writing).__contains__, candidates)
-        if judged_at is not None:
-            lease = self._lease
-            candidates = takewhile(lambda key: lease[key] <= judged_at, candidates)
-        return self._remove(list(islice(candidates, math.ceil(completed * target))))
+        return self._take_run_out(math.ceil(completed * target), writing, judged_at)
 
-    def _remove(self, keys: list[Key]) -> list[tuple[Key, int]]:
-        """Take out blocks whose leases have run out, by C loops; (key, size) of each."""
-        deque(map(self._lease.pop, keys), maxlen=0)
-        deque(map(self._run_out.pop, keys), maxlen=0)
-        return list(zip(keys, map(self._blocks.pop, keys), strict=True))
+    def _take_run_out(
+        self, count: int, writing: Collection[Key] = (), by: float | None = None
+    ) -> list[tuple[Key, int]]:
+        """Remove up to `count` blocks whose lease had run out by `by` (the clock when None), earliest first,
+        none of them `writing`; (key, size) of each. Most often they are the index's first `count` blocks, popped
+        by C loops; otherwise the index is walked past what is leased or writing."""
+        lease, blocks = self._lease, self._blocks
+        by = self._now if by is None else by
+        head = list(islice(blocks, count))
+        if head and max(map(lease.__getitem__, head)) <= by and (not writing or set(writing).isdisjoint(head)):
+            victims = list(map(blocks.popitem, repeat(False, len(head))))
+            deque(map(lease.pop, head), maxlen=0)
+            return victims
+        if writing:
+            keys = list(islice(filterfalse(set(writing).__contains__, self._run_out(by)), count))
+        else:
+            keys = list(islice(self._run_out(by), count))
+        deque(map(lease.pop, keys), maxlen=0)
+        return list(zip(keys, map(blocks.pop, keys), strict=True))
+
+    def _run_out(self, by: float) -> Iterator[Key]:
+        """The blocks whose lease had run out by `by`, earliest first: the index in its order, past the blocks
+        leased now, up to the first lease that ran out after `by` (every one after it ran out later)."""
+        lease, now = self._lease, self._now
+        for key in self._blocks:
+            timeout = lease[key]
+            if timeout <= by:
+                yield key
+            elif timeout <= now:
+                return
 
 
 def stable_number(key: Key) -> Key:
