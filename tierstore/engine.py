@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvscope.tierstore.lifecycle import follow
 from kvscope.tierstore.store import KVStore, TieredStore
@@ -39,8 +40,7 @@ class Served:
         return self.gpu_hit_tokens + self.external_hit_tokens
 
 
-@dataclass(frozen=True, slots=True)
-class RequestTimes:
+class RequestTimes(NamedTuple):
     """When a request's KV work happens, in seconds from the arm's first request: its lookup (sent), the save of
     its prompt's blocks (after its prefill) and the save of the blocks it decoded (answered)."""
 

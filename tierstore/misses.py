@@ -55,7 +55,7 @@ class MissLedger:
         self.fates: dict[Key, object] = {}
         for tier in tiers:
             tier.fates = self.fates
-        self._indexes = [tier.policy.index for tier in tiers]
+        self._holds = [tier.policy.index.__contains__ for tier in tiers]  # bound once: a request's test of each
         self.tokens = dict.fromkeys(CAUSES, 0)  # `evicted` is the sum of evicted_tokens
         self.evicted_tokens = {tier.name: 0 for tier in tiers}  # by the tier that evicted them last
 
@@ -64,22 +64,24 @@ class MissLedger:
         past `hittable` and the tokens past its full blocks are `cold`: no cache serves them. Each step is a C loop
         over the missed blocks (membership, the fates, their tally): no Python step per block."""
         block, tokens = self.block_tokens, self.tokens
-        tokens["cold"] += prompt_tokens - max(hittable, first_miss) * block
-        missed = keys[first_miss:hittable]
-        if not missed:
+        if first_miss >= hittable:
+            tokens["cold"] += prompt_tokens - first_miss * block
             return
+        missed = keys[first_miss:hittable]
         absent: Iterable[Key] = missed
-        for index in self._indexes:
-            absent = filterfalse(index.__contains__, absent)
+        for holds in self._holds:
+            absent = filterfalse(holds, absent)
         fates = list(map(self.fates.get, absent))
-        cold, refused = fates.count(None), fates.count(NOT_ADMITTED)
+        cold = fates.count(None)
+        tokens["cold"] += prompt_tokens - (hittable - cold) * block
         tokens["chain_broken"] += (len(missed) - len(fates)) * block
-        tokens["cold"] += cold * block
-        tokens["not_admitted"] += refused * block
-        if len(fates) > cold + refused:  # evicted: counted per tier (a tier's name is one object, found by identity)
-            evicted = self.evicted_tokens
-            for tier in evicted:
-                evicted[tier] += fates.count(tier) * block
+        if len(fates) > cold:  # some were stored once: refused, or evicted (a tier's name, one object each)
+            refused = fates.count(NOT_ADMITTED)
+            tokens["not_admitted"] += refused * block
+            if len(fates) > cold + refused:
+                evicted = self.evicted_tokens
+                for tier in evicted:
+                    evicted[tier] += fates.count(tier) * block
 
     def snapshot(self) -> dict:
         """The causes so far, in tokens: each cause, and `evicted_by_tier`."""

@@ -75,6 +75,9 @@ class MooncakeTier(Tier):
         each time, so the passes run at each lease timeout on the way (and when a real pass it waited for ended),
         not once at the end."""
         policy, evicted = self.mooncake, []  # the pass at the current time ran after the last write
+        if not self._needs_eviction():  # nothing for the thread to do on the way (moving the clock changes no need)
+            policy.now = max(policy.now, seconds)
+            return evicted
         timeouts = deque(policy.lease_timeouts(seconds))  # the leases that run out on the way (no grants meanwhile)
         while self._needs_eviction() and (wake := self._next_wake(timeouts, seconds)) is not None:
             policy.now = wake

@@ -152,6 +152,7 @@ class MooncakePolicy(EvictionPolicy):
         super().__init__()
         self.lease_ttl, self.high_watermark, self.eviction_ratio = lease_ttl, high_watermark, eviction_ratio
         self.shards = shards
+        self._shard_bits = shards.bit_length()
         self._now = 0.0
         # The index keeps the blocks whose lease has run out in the eviction thread's order, the order of their
         # timeouts: a put's lease is its own time, so a put joins the end at once; a lookup moves what it leases to
@@ -216,7 +217,10 @@ class MooncakePolicy(EvictionPolicy):
 
     def grant_batch(self, keys: Sequence[Key]) -> None:
         """One batch call's leases over present `keys`, in the order the master visits them."""
-        start, shards = self._random.randrange(self.shards), self.shards
+        shards, draw = self.shards, self._random.getrandbits
+        start = draw(self._shard_bits)  # the start shard, drawn as random.randrange(shards) draws it on CPython
+        while start >= shards:
+            start = draw(self._shard_bits)
         if len(keys) > 1 and shards > 1:
             ranks = list(map(mod, map(sub, repeat(start), self._shards(keys)), repeat(shards)))
             keys = list(map(keys.__getitem__, sorted(range(len(keys)), key=ranks.__getitem__)))  # stable
