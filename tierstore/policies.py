@@ -1,13 +1,13 @@
 """Eviction policies: the order in which a tier gives up its resident blocks.
 
 A policy owns the tier's index (key -> block size) in eviction order, oldest first, and is told three things:
-blocks were admitted, a block was read (`refresh`, called by the tier for each block of a run, head first), and
-a request that used a chain finished. Admission and release take a whole chain. Reads are per block so the tier
-finds a run and refreshes it in one pass, one probe per block: on CPython 3.11 that made the lookup phase 1.4-1.7x
-as fast as finding the run first and refreshing it after (bench/sim.py replays real request streams). A run past
-its first blocks is read by a C loop that stops where the refresh raises KeyError (Tier.read_run): for the short
-runs of real traces that exception costs more than the Python loop saves, for the long chains of multi-round chats
-it takes about 40% off the read.
+blocks were admitted, a block was read (`refresh`, called by the tier for each block of a run, head first, or
+`served`, once with a whole run), and a request that used a chain finished. Admission and release take a whole
+chain. Reads are per block so the tier finds a run and refreshes it in one pass, one probe per block: on CPython
+3.11 that made the lookup phase 1.4-1.7x as fast as finding the run first and refreshing it after (bench/sim.py
+replays real request streams). A run past its first blocks is read by a C loop that stops where the refresh raises
+KeyError (Tier.read_run): for the short runs of real traces that exception costs more than the Python loop saves,
+for the long chains of multi-round chats it takes about 40% off the read.
 """
 
 from __future__ import annotations
@@ -31,16 +31,16 @@ class EvictionPolicy:
     # The system stores a request's new blocks one at a time, each evicting what it needs (LMCache), rather than
     # making room for the whole batch first
     stores_one_at_a_time: ClassVar[bool] = False
-    # `refresh` (or, without one, a lookup in the index) raises KeyError on a block the tier lacks, so the tier may
-    # read a long run with a C loop that stops there (Tier.read_run); a refresh that does more (LMCache's pins)
-    # is called block by block, after each block was found
-    refresh_raises: ClassVar[bool] = True
 
     def __init__(self) -> None:
         self._blocks: OrderedDict[Key, int] = OrderedDict()
         # What a read does to each block it reads, head first; None: reads do not reorder (FIFO). A callable
-        # per block rather than a method per run, so the tier finds a run and refreshes it in one loop.
+        # per block rather than a method per run, so the tier finds a run and refreshes it in one loop. It must
+        # raise KeyError on a block the tier lacks (as the index's own lookup, used without one): a long run is
+        # read by a C loop that stops there (Tier.read_run).
         self.refresh: Callable[[Key], object] | None = None
+        # What a read does to a whole run once the tier served it (LMCache pins it); None: nothing
+        self.served: Callable[[Sequence[Key]], object] | None = None
 
     def __contains__(self, key: Key) -> bool:
         return key in self._blocks
@@ -68,6 +68,11 @@ class EvictionPolicy:
         """The next `count` victims with their sizes (fewer if the index runs out), removed: what `count` calls of
         pop_victim give, in one call a policy may make cheaper."""
         return [self.pop_victim() for _ in repeat(None, min(count, len(self._blocks)))]
+
+    def oldest_go_first(self, count: int) -> bool:
+        """Whether the next `count` victims are the index's `count` oldest blocks, so that the tier may pop them
+        itself (by C loops); a policy that orders its victims otherwise says no."""
+        return True
 
     def evictable(self) -> int:
         """How many resident blocks are victims before any block admitted from now on (all of them, but for
@@ -235,6 +240,9 @@ class MooncakePolicy(EvictionPolicy):
         more to evict."""
         return [timeout for timeout, batch in self._leased.items() if batch and timeout <= until]
 
+    def oldest_go_first(self, count: int) -> bool:
+        return False  # the earliest leases run out go first, leased blocks last
+
     def pop_victim(self) -> tuple[Key, int]:
         """The object with the earliest lease timeout (a tier overrun by one request evicts block by block)."""
         return self.pop_victims(1)[0]
@@ -333,25 +341,23 @@ class LmcachePolicy(EvictionPolicy):
 
     name = "lmcache"
     stores_one_at_a_time = True
-    refresh_raises = False
 
     def __init__(self) -> None:
         super().__init__()
         self._looked_up: list[Key] = []  # keys_in_request: found by the lookup in progress, head first
         self._pinned: set[Key] = set()
-        self.refresh = self._found
+        self.served = self._found
 
-    def _found(self, key: Key) -> None:
-        self._looked_up.append(key)
-        self._pinned.add(key)
+    def _found(self, keys: Sequence[Key]) -> None:
+        """The chunks of a run the lookup found, each `contains(key, pin=True)`: pinned and noted."""
+        self._looked_up += keys
+        self._pinned.update(keys)
 
     def _end_lookup(self) -> None:
         """touch_cache: the chunks the lookup found, tail first, to the recent end."""
         if self._looked_up:
             blocks = self._blocks
-            for key in reversed(self._looked_up):
-                if key in blocks:
-                    blocks.move_to_end(key)
+            deque(map(blocks.move_to_end, filter(blocks.__contains__, reversed(self._looked_up))), maxlen=0)
             self._looked_up.clear()
 
     def admit(self, keys: Sequence[Key], nbytes: int) -> None:
@@ -372,6 +378,11 @@ class LmcachePolicy(EvictionPolicy):
         while len(victims) < count and blocks:
             victims.append(blocks.popitem(last=False))
         return victims
+
+    def oldest_go_first(self, count: int) -> bool:
+        """Most often the oldest chunks are not pinned: then they go first."""
+        self._end_lookup()
+        return self._pinned.isdisjoint(islice(self._blocks, count))
 
     def evictable(self) -> int:
         return max(0, len(self._blocks) - len(self._pinned))  # pins of chunks gone already make it an underestimate

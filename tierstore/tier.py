@@ -71,8 +71,8 @@ class Tier:
         self._index = policy.index
         # What a read does to each block it serves: the policy's refresh, else a plain lookup
         self._read = policy.refresh or self._index.__getitem__
+        self._served = policy.served
         # the policy evicts in its index's order (lru, fifo, tail_first): eviction needs no call per block
-        self._pops_oldest = type(policy).pop_victim is EvictionPolicy.pop_victim
         self._keeps_bytes = self.backend.holds_bytes  # writes store real bytes, reads verify them
         # The size every block written here has had; 0 once two sizes were written (reads then sum the sizes).
         self._block_bytes: int | None = None
@@ -116,10 +116,10 @@ class Tier:
         len(keys)): count hits and bytes, refresh each block as the policy does, verify real bytes. Returns
         (blocks, bytes) read. Finding the run and refreshing it is one pass, one probe per block: every hit's path.
         A Python loop serves a run's first LONG_RUN blocks (most runs of real traces end there), a C loop the rest
-        of a longer one (_read_long_run) when the policy's read raises on an absent block (refresh_raises).
+        of a longer one (_read_long_run). A policy that does something with the whole run (`served`) is told then.
         """
         end = min(end, len(keys))
-        head_end = min(end, start + LONG_RUN) if self.policy.refresh_raises else end
+        head_end = min(end, start + LONG_RUN)
         read, index, run = self._read, self._index, max(head_end - start, 0)
         for position in range(start, head_end):
             key = keys[position]
@@ -132,6 +132,8 @@ class Tier:
                 run += self._read_long_run(keys, head_end, end)
         if not run:
             return 0, 0
+        if self._served is not None:
+            self._served(keys[start : start + run])
         block_bytes = self._block_bytes
         nbytes = run * block_bytes if block_bytes else sum(map(self._index.__getitem__, keys[start : start + run]))
         counters = self.counters
@@ -256,40 +258,30 @@ class Tier:
         excess = counters.allocated_bytes + needed - counters.capacity_bytes
         if excess <= 0:
             return []
-        if self._pops_oldest and not self.backend.holds_bytes:  # the victims are the index's head: one tight loop
-            popitem, index = self._index.popitem, self._index
-            block_bytes = self._block_bytes
-            if block_bytes:  # blocks of one size: as many victims as the excess needs, popped by C loops
-                victims = min(-(-excess // block_bytes), len(index))
-                if not keep_evicted:  # counted, not kept: no object a victim
-                    if self.fates is None:
-                        deque(map(popitem, repeat(False, victims)), maxlen=0)
-                    else:  # each victim's fate noted as it is popped
-                        popped = map(itemgetter(0), map(popitem, repeat(False, victims)))
-                        self.fates.update(zip(popped, repeat(self.name)))
-                    self._count_evictions(victims, victims * block_bytes)
-                    return []
-                return self._count_evicted([Evicted(*popitem(False)) for _ in repeat(None, victims)],
-                                           victims * block_bytes)  # fmt: skip
-            evicted: list[Evicted] = []
-            freed = 0
-            while freed < excess and index:
-                key, size = popitem(False)
-                freed += size
-                evicted.append(Evicted(key, size))
-            return self._count_evicted(evicted, freed)
-        if self._block_bytes:  # blocks of one size: the victims the excess needs, in one call
-            return self._drop(self.policy.pop_victims(-(-excess // self._block_bytes)), keep_evicted)
-        pop_victim, index = self.policy.pop_victim, self._index
+        block_bytes, index = self._block_bytes, self._index
+        if not block_bytes:  # blocks of several sizes: victim by victim until the excess is freed
+            pop_victim = self.policy.pop_victim
 
-        def victims() -> Iterator[tuple[Key, int]]:
-            freed = 0
-            while freed < excess and index:
-                key, size = pop_victim()
-                freed += size
-                yield key, size
+            def victims() -> Iterator[tuple[Key, int]]:
+                freed = 0
+                while freed < excess and index:
+                    key, size = pop_victim()
+                    freed += size
+                    yield key, size
 
-        return self._drop(victims(), keep_evicted)
+            return self._drop(victims(), keep_evicted)
+        count = min(-(-excess // block_bytes), len(index))
+        if self._keeps_bytes or not self.policy.oldest_go_first(count):
+            return self._drop(self.policy.pop_victims(count), keep_evicted)
+        popitem = index.popitem  # the victims are the index's head: popped by C loops
+        if keep_evicted:
+            return self._count_evicted([Evicted(*popitem(False)) for _ in repeat(None, count)], count * block_bytes)
+        if self.fates is None:  # counted, not kept: no object a victim
+            deque(map(popitem, repeat(False, count)), maxlen=0)
+        else:  # each victim's fate noted as it is popped
+            self.fates.update(zip(map(itemgetter(0), map(popitem, repeat(False, count))), repeat(self.name)))
+        self._count_evictions(count, count * block_bytes)
+        return []
 
     def _drop(self, victims: Iterable[tuple[Key, int]], keep_evicted: bool) -> list[Evicted]:
         """Drop evicted blocks (already out of the policy's index) from the backend, their bytes kept when

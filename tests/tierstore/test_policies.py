@@ -12,10 +12,13 @@ from kvscope.tierstore.tier import Tier
 
 
 def read(policy: EvictionPolicy, keys: list[str]) -> None:
-    """What a tier's read does to the policy: refresh each block read, head first (nothing for FIFO)."""
+    """What a tier's read does to the policy: refresh each block read, head first (nothing for FIFO), then tell it
+    of the whole run."""
     if policy.refresh is not None:
         for key in keys:
             policy.refresh(key)
+    if policy.served is not None:
+        policy.served(keys)
 
 
 def test_all_policies_evict_in_admission_order_without_reads(drain):
