@@ -204,21 +204,24 @@ class MooncakePolicy(EvictionPolicy):
         `lease_timeout = max(lease_timeout, now + lease_ttl)`; a block leased at this moment already keeps its
         place. As the clock only moves forward, a lease granted now outlasts every earlier one: the blocks it
         does not extend are those leased at this very moment (all by C loops)."""
-        now, lease = self._now, self._lease
+        now, lease, leased = self._now, self._lease, self._leased
         timeout = now + self.lease_ttl
-        if timeout > now:
-            same = self._leased.get(timeout)
-            fresh = list(filterfalse(same.__contains__, keys)) if same else list(keys)
-        else:  # no lease to speak of: a block put or looked up at this moment keeps its place
-            fresh = [key for key in keys if lease[key] < timeout]
+        if timeout <= now:  # no lease to speak of: a block put or looked up at this moment keeps its place
+            same, fresh = None, [key for key in keys if lease[key] < timeout]
+        else:
+            same = leased.get(timeout)
+            fresh = list(filterfalse(same.__contains__, keys)) if same else keys
         if not fresh:
             return
-        for key in compress(fresh, map(now.__lt__, map(lease.__getitem__, fresh))):  # leased still, earlier
-            self._leased[lease[key]].pop(key, None)
+        if leased:  # the blocks still leased by an earlier lookup leave its batch
+            for key in compress(fresh, map(now.__lt__, map(lease.__getitem__, fresh))):
+                leased[lease[key]].pop(key, None)
         deque(map(self._blocks.move_to_end, fresh), maxlen=0)
-        if timeout > now:
-            self._leased.setdefault(timeout, {}).update(zip(fresh, repeat(None)))
-        lease.update(zip(fresh, repeat(timeout)))
+        if same:
+            same.update(dict.fromkeys(fresh))
+        elif timeout > now:
+            leased[timeout] = dict.fromkeys(fresh)
+        lease.update(dict.fromkeys(fresh, timeout))
 
     def grant_batch(self, keys: Sequence[Key]) -> None:
         """One batch call's leases over present `keys`, in the order the master visits them."""

@@ -185,8 +185,9 @@ class TieredStore:
         for tier in self.tiers:
             tier.lifecycle.now = seconds
         for index, tier in self._clocked:
-            evicted = tier.at(seconds, self._demotes(index))
-            if self._demotes(index):
+            demotes = self._demotes(index)
+            evicted = tier.at(seconds, demotes)
+            if demotes:
                 self._demote(evicted, index + 1)
 
     def read_prefix(self, keys: Sequence[Key], start: int = 0, stop: int | None = None) -> PrefixRead:
