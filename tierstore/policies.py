@@ -158,6 +158,7 @@ class MooncakePolicy(EvictionPolicy):
         self.lease_ttl, self.high_watermark, self.eviction_ratio = lease_ttl, high_watermark, eviction_ratio
         self.shards = shards
         self._shard_bits = shards.bit_length()
+        self._int_keys = True  # every key admitted so far is an int (hashed as it is, by C loops)
         self._now = 0.0
         # The index keeps the blocks whose lease has run out in the eviction thread's order, the order of their
         # timeouts: a put's lease is its own time, so a put joins the end at once; a lookup moves what it leases to
@@ -192,51 +193,63 @@ class MooncakePolicy(EvictionPolicy):
     def shard(self, key: Key) -> int:
         """The metadata shard of `key`, a function of the key and the seed that is the same in every process
         (Python salts the hash of bytes and str: a vLLM block hash is read as the integer it is)."""
-        return next(self._shards([key]))
-
-    def _shards(self, keys: Sequence[Key]) -> Iterator[int]:
-        """The shards of `keys`, hashed by C loops when the keys are integers (the chains kvscope generates)."""
-        numbers = keys if set(map(type, keys)) <= {int} else map(stable_number, keys)
-        return map(mod, map(hash, zip(repeat(self._salt), numbers)), repeat(self.shards))
+        return hash((self._salt, stable_number(key))) % self.shards
 
     def grant(self, keys: Sequence[Key]) -> None:
         """Read leases for present `keys` (exist or get), in this order:
         `lease_timeout = max(lease_timeout, now + lease_ttl)`; a block leased at this moment already keeps its
-        place. As the clock only moves forward, a lease granted now outlasts every earlier one: the blocks it
-        does not extend are those leased at this very moment (all by C loops)."""
-        now, lease, leased = self._now, self._lease, self._leased
-        timeout = now + self.lease_ttl
-        if timeout <= now:  # no lease to speak of: a block put or looked up at this moment keeps its place
-            same, fresh = None, [key for key in keys if lease[key] < timeout]
-        else:
-            same = leased.get(timeout)
-            fresh = list(filterfalse(same.__contains__, keys)) if same else keys
-        if not fresh:
-            return
-        if leased:  # the blocks still leased by an earlier lookup leave its batch
-            for key in compress(fresh, map(now.__lt__, map(lease.__getitem__, fresh))):
-                leased[lease[key]].pop(key, None)
-        deque(map(self._blocks.move_to_end, fresh), maxlen=0)
-        if same:
-            same.update(dict.fromkeys(fresh))
-        elif timeout > now:
-            leased[timeout] = dict.fromkeys(fresh)
-        lease.update(dict.fromkeys(fresh, timeout))
+        place."""
+        self._lease_now(self._extended(keys))
 
     def grant_batch(self, keys: Sequence[Key]) -> None:
-        """One batch call's leases over present `keys`, in the order the master visits them."""
+        """One batch call's leases over present `keys`, in the order the master visits them: shard by shard from
+        a random start downwards (a block leased at this very moment keeps its place, whatever the order)."""
         shards, draw = self.shards, self._random.getrandbits
         start = draw(self._shard_bits)  # the start shard, drawn as random.randrange(shards) draws it on CPython
         while start >= shards:
             start = draw(self._shard_bits)
-        if len(keys) > 1 and shards > 1:
-            ranks = list(map(mod, map(sub, repeat(start), self._shards(keys)), repeat(shards)))
-            keys = list(map(keys.__getitem__, sorted(range(len(keys)), key=ranks.__getitem__)))  # stable
-        self.grant(keys)
+        fresh = self._extended(keys)
+        if len(fresh) > 1 and shards > 1:
+            numbers = fresh if self._int_keys else map(stable_number, fresh)
+            # each block's rank in the visit, (start - shard) % shards, its shard the hash's remainder
+            ranks = list(map(mod, map(sub, repeat(start), map(hash, zip(repeat(self._salt), numbers))), repeat(shards)))
+            fresh = list(map(fresh.__getitem__, sorted(range(len(fresh)), key=ranks.__getitem__)))  # stable
+        self._lease_now(fresh)
+
+    def _extended(self, keys: Sequence[Key]) -> Sequence[Key]:
+        """The `keys` whose lease a grant now extends: all but those leased at this very moment (as the clock only
+        moves forward, a lease granted now outlasts every earlier one)."""
+        now = self._now
+        timeout = now + self.lease_ttl
+        if timeout <= now:  # no lease to speak of: a block put or looked up at this moment keeps its place
+            return [key for key in keys if self._lease[key] < timeout]
+        same = self._leased.get(timeout)
+        return list(filterfalse(same.__contains__, keys)) if same else keys
+
+    def _lease_now(self, keys: Sequence[Key]) -> None:
+        """Lease `keys` until now + lease_ttl, in this order: they leave the batch of any earlier lease and go to
+        the end of the index (all by C loops)."""
+        if not keys:
+            return
+        now, lease, leased = self._now, self._lease, self._leased
+        timeout = now + self.lease_ttl
+        if leased:  # the blocks still leased by an earlier lookup leave its batch
+            for key in compress(keys, map(now.__lt__, map(lease.__getitem__, keys))):
+                leased[lease[key]].pop(key, None)
+        deque(map(self._blocks.move_to_end, keys), maxlen=0)
+        if timeout > now:
+            batch = leased.get(timeout)
+            if batch is None:
+                leased[timeout] = dict.fromkeys(keys)
+            else:
+                batch.update(dict.fromkeys(keys))
+        lease.update(dict.fromkeys(keys, timeout))
 
     def admit(self, keys: Sequence[Key], nbytes: int) -> None:
         super().admit(keys, nbytes)
-        self._lease.update(zip(keys, repeat(self._now)))
+        self._lease.update(dict.fromkeys(keys, self._now))
+        if self._int_keys and not set(map(type, keys)) <= {int}:
+            self._int_keys = False  # a key hashed as stable_number has it (the integer chains kvscope makes need not)
 
     def lease_timeouts(self, until: float) -> list[float]:
         """The lease timeouts ahead of the clock, up to `until`, earliest first: when the eviction thread finds
