@@ -102,7 +102,7 @@ def serve(setting: tuple, scenario: Scenario, from_round: int = 1, arms: list[st
                 continue
             store = build_store(arm, scenario.block_bytes, name, Path(scratch))
             try:
-                engine = build_engine(scenario, store, request_clock(arm, store), arm)
+                engine = build_engine(scenario, store, request_clock(arm, store), arm, explains_misses=False)
                 point = Point(setting, name)
                 for index, requests in enumerate(make_workload(scenario).rounds()):
                     for request in requests:
