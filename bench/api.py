@@ -39,7 +39,6 @@ import argparse
 import asyncio
 import math
 import os
-import shlex
 import shutil
 import subprocess
 import sys
@@ -51,6 +50,7 @@ from pathlib import Path
 import httpx
 import yaml
 from localhost import wait_for
+from run_header import print_run_header
 
 from kvscope.processes import free_port
 
@@ -243,8 +243,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.quick:
         args.seconds, args.warmup = 3.0, 0.5
-    print(f"command: {shlex.join([sys.executable, *sys.argv])}")
-    print(f"python {sys.version.split()[0]} on {os.cpu_count()} CPUs; {time.strftime('%Y-%m-%d %H:%M:%S')}")
+    print_run_header()
 
     scenario = yaml.safe_load(LONG_OUTPUT.read_text())
     rounds = scenario["workload"]["rounds"]

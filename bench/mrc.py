@@ -15,12 +15,12 @@ Run: .venv/bin/python bench/mrc.py [--repeat N]. A script, not a test: bench/ is
 from __future__ import annotations
 
 import argparse
-import os
-import shlex
 import sys
 import time
 from pathlib import Path
 from statistics import median
+
+from run_header import print_run_header
 
 from kvscope.tierstore.mrc import arm_tiers, lru_replay, replay_store, stack_distances
 from kvscope.tierstore.scenario import load_scenario
@@ -36,8 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=5, help="timed passes of each side (default 5)")
     args = parser.parse_args(argv)
-    print(f"command: {shlex.join([sys.executable, *sys.argv])}")
-    print(f"python {sys.version.split()[0]} on {os.cpu_count()} CPUs; {time.strftime('%Y-%m-%d %H:%M:%S')}")
+    print_run_header()
     scenario = load_scenario(TRACE_SCENARIO)
     rounds = [list(requests) for requests in make_workload(scenario).rounds()]
     block_tokens = scenario.block_tokens

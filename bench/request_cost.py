@@ -17,12 +17,11 @@ Run: .venv/bin/python bench/request_cost.py [--repeat N]. A script, not a test: 
 from __future__ import annotations
 
 import argparse
-import os
-import shlex
 import sys
 import time
 from statistics import median
 
+from run_header import print_run_header
 from sim import REQUEST_GOAL_RATIO, Stream, long_output_streams, lookup_per_block, replay_naive, trace_stream
 
 from kvscope.tierstore.ab import build_engine, build_store, request_clock
@@ -49,8 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=5, help="replays of each variant (default 5)")
     args = parser.parse_args(argv)
-    print(f"command: {shlex.join([sys.executable, *sys.argv])}")
-    print(f"python {sys.version.split()[0]} on {os.cpu_count()} CPUs; {time.strftime('%Y-%m-%d %H:%M:%S')}")
+    print_run_header()
     lru = [*long_output_streams(), trace_stream(20_000)]
     streams = lru + [stream.under(policy) for policy in ("mooncake", "lmcache") for stream in lru]
     goal = f"goal >= {REQUEST_GOAL_RATIO}x"

@@ -32,8 +32,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import os
-import shlex
 import shutil
 import statistics
 import subprocess
@@ -47,6 +45,7 @@ from pathlib import Path
 import httpx
 import yaml
 from localhost import wait_for
+from run_header import print_run_header
 
 from kvscope.exporters.config import ExporterSettings, parse_config
 from kvscope.exporters.otel import TelemetryBridge
@@ -251,8 +250,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=50, help="scrapes measured per side (default 50)")
     args = parser.parse_args()
-    print(f"command: {shlex.join([sys.executable, *sys.argv])}")
-    print(f"python {sys.version.split()[0]} on {os.cpu_count()} CPUs; {time.strftime('%Y-%m-%d %H:%M:%S')}")
+    print_run_header()
     workdir = Path(tempfile.mkdtemp(prefix="kvscope-scrape-bench-"))
     processes: list[subprocess.Popen] = []
     try:

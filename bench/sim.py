@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -49,6 +48,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import median
+
+from run_header import print_run_header
 
 from kvscope.tierstore.ab import build_engine, build_store, request_clock
 from kvscope.tierstore.backends import FileBackend
@@ -562,8 +563,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.repeat, args.io_repeat, args.file_size = 1, 1, "256MiB"
-    print(f"command: {shlex.join([sys.executable, *sys.argv])}")
-    print(f"python {sys.version.split()[0]} on {os.cpu_count()} CPUs; {time.strftime('%Y-%m-%d %H:%M:%S')}")
+    print_run_header()
     started = time.perf_counter()
     ok = True
     if args.part in ("all", "lookups"):
