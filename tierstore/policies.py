@@ -249,7 +249,7 @@ class MooncakePolicy(EvictionPolicy):
         super().admit(keys, nbytes)
         self._lease.update(dict.fromkeys(keys, self._now))
         if self._int_keys and not set(map(type, keys)) <= {int}:
-            self._int_keys = False  # a key hashed as stable_number has it (the integer chains kvscope makes need not)
+            self._int_keys = False  # from now on keys go through stable_number (Python salts the hash of bytes)
 
     def lease_timeouts(self, until: float) -> list[float]:
         """The lease timeouts ahead of the clock, up to `until`, earliest first: when the eviction thread finds
