@@ -154,8 +154,7 @@ class MooncakeTier(Tier):
         return counters.allocated_bytes / counters.capacity_bytes
 
     def _needs_eviction(self) -> bool:
-        counters = self.counters
-        return self._flagged or counters.allocated_bytes / counters.capacity_bytes > self.mooncake.high_watermark
+        return self._flagged or self._used() > self.mooncake.high_watermark
 
     def _passes(self, keep_evicted: bool, writing: Sequence[Key]) -> list[Evicted]:
         """The eviction thread's passes after an allocation: the one it sets off, which finds the blocks allocated

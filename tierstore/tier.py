@@ -72,7 +72,6 @@ class Tier:
         # What a read does to each block it serves: the policy's refresh, else a plain lookup
         self._read = policy.refresh or self._index.__getitem__
         self._served = policy.served
-        # the policy evicts in its index's order (lru, fifo, tail_first): eviction needs no call per block
         self._keeps_bytes = self.backend.holds_bytes  # writes store real bytes, reads verify them
         # The size every block written here has had; 0 once two sizes were written (reads then sum the sizes).
         self._block_bytes: int | None = None
