@@ -54,8 +54,11 @@ class EvictionPolicy:
         return self._blocks
 
     def admit(self, keys: Sequence[Key], nbytes: int) -> None:
-        """Newly written blocks join as the most recent, in the order given."""
-        self._blocks.update(zip(keys, repeat(nbytes)))
+        """Newly written blocks join as the most recent, in the order given. (A loop of stores: an OrderedDict
+        takes them faster one by one than through update(), which pays a method call per block.)"""
+        blocks = self._blocks
+        for key in keys:
+            blocks[key] = nbytes
 
     def release(self, keys: Sequence[Key]) -> None:
         """The request that used these chain blocks (head first) finished. Only chain-aware policies care."""

@@ -272,13 +272,15 @@ class Tier:
         count = min(-(-excess // block_bytes), len(index))
         if self._keeps_bytes or not self.policy.oldest_go_first(count):
             return self._drop(self.policy.pop_victims(count), keep_evicted)
-        popitem = index.popitem  # the victims are the index's head: popped by C loops
+        popitem, fates = index.popitem, self.fates  # the victims are the index's head, popped in a tight loop
         if keep_evicted:
             return self._count_evicted([Evicted(*popitem(False)) for _ in repeat(None, count)], count * block_bytes)
-        if self.fates is None:  # counted, not kept: no object a victim
+        if fates is None:  # counted, not kept: no object a victim
             deque(map(popitem, repeat(False, count)), maxlen=0)
         else:  # each victim's fate noted as it is popped
-            self.fates.update(zip(map(itemgetter(0), map(popitem, repeat(False, count))), repeat(self.name)))
+            name = self.name
+            for _ in repeat(None, count):
+                fates[popitem(False)[0]] = name
         self._count_evictions(count, count * block_bytes)
         return []
 
