@@ -276,7 +276,8 @@ class Tier:
         if keep_evicted:
             return self._count_evicted([Evicted(*popitem(False)) for _ in repeat(None, count)], count * block_bytes)
         if fates is None:  # counted, not kept: no object a victim
-            deque(map(popitem, repeat(False, count)), maxlen=0)
+            for _ in repeat(None, count):
+                popitem(False)
         else:  # each victim's fate noted as it is popped
             name = self.name
             for _ in repeat(None, count):
@@ -312,9 +313,12 @@ class Tier:
         return evicted
 
     def _note_evicted(self, keys: Sequence[Key]) -> None:
-        """Note that this tier evicted `keys` last, so a later miss on one of them names this tier (a C loop)."""
-        if self.fates is not None and keys:
-            self.fates.update(zip(keys, repeat(self.name)))
+        """Note that this tier evicted `keys` last, so a later miss on one of them names this tier."""
+        fates = self.fates
+        if fates is not None:
+            name = self.name
+            for key in keys:
+                fates[key] = name
 
     def _count_evictions(self, blocks: int, freed: int) -> None:
         counters = self.counters
