@@ -20,7 +20,7 @@ engine put (stored, or refused with a return code); see that class for what can 
 
 Only the misses are looked at, from the first missing block of a request's chain on: a hit costs nothing more. The
 tiers note each block they evict or refuse in one dict (`fates`, the last thing that happened to it, one entry per
-block ever given up, set by C loops on the eviction paths); a block neither held nor noted was never stored.
+block ever given up, set on the eviction paths); a block neither held nor noted was never stored.
 """
 
 from __future__ import annotations

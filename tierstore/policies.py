@@ -74,7 +74,7 @@ class EvictionPolicy:
 
     def oldest_go_first(self, count: int) -> bool:
         """Whether the next `count` victims are the index's `count` oldest blocks, so that the tier may pop them
-        itself (by C loops); a policy that orders its victims otherwise says no."""
+        itself, in a tight loop; a policy that orders its victims otherwise says no."""
         return True
 
     def evictable(self) -> int:
@@ -167,7 +167,7 @@ class MooncakePolicy(EvictionPolicy):
         # timeouts: a put's lease is its own time, so a put joins the end at once; a lookup moves what it leases to
         # the end, where the eviction's scan from the head comes to it last, and again when the clock passes its
         # timeout, behind what ran out meanwhile. One dict carries the order and the blocks (a block cycled in and out
-        # of the segment costs two dict operations, not the six of a separate order). Each block's lease timeout,
+        # of the segment costs four dict operations, not the six of a separate order). Each block's lease timeout,
         # and the blocks leased now, by timeout (each a batch in grant order, earliest first):
         self._lease: dict[Key, float] = {}
         self._leased: dict[float, dict[Key, None]] = {}
