@@ -93,7 +93,8 @@ def build_engine(
     blocks but the one vLLM keeps back, freed tail first) when a mirror simulates a vLLM arm. `clock` says when its
     requests happen, for a store whose evictions go by time. With `engine.gpu` or a `fabric`, TTFT comes from the
     TTFT model (`ttft_model`), each of `arm`'s tiers loading over its link. A caller that reads no miss causes
-    (a what-if sweep) builds it without (`explains_misses`): 10-45% of a request's time (bench/request_cost.py)."""
+    (a what-if sweep) builds it without (`explains_misses`): a tenth to nearly half of a request's time
+    (bench/request_cost.py)."""
     gpu_spec, real = scenario.engine.gpu_cache, scenario.engine.vllm
     gpu = Tier("gpu", gpu_spec.capacity, make_policy(gpu_spec.policy)) if gpu_spec else None
     if real is not None:
