@@ -374,6 +374,9 @@ class LmcachePolicy(EvictionPolicy):
         super().__init__()
         self._looked_up: list[Key] = []  # keys_in_request: found by the lookup in progress, head first
         self._pinned: set[Key] = set()
+        # Chunks admitted since no chunk was pinned. Since then only they and the pinned chunks (touched after
+        # their lookup) moved to the recent end, so every pinned chunk is among the last len(_pinned) + _admitted.
+        self._admitted = 0
         self.served = self._found
 
     def _found(self, keys: Sequence[Key]) -> None:
@@ -393,6 +396,7 @@ class LmcachePolicy(EvictionPolicy):
     def admit(self, keys: Sequence[Key], nbytes: int) -> None:
         self._end_lookup()
         super().admit(keys, nbytes)
+        self._admitted += len(keys)
 
     def pop_victim(self) -> tuple[Key, int]:
         """The least recent chunk not pinned (pinned chunks sit at the recent end, so the scan is short)."""
@@ -410,8 +414,11 @@ class LmcachePolicy(EvictionPolicy):
         return victims
 
     def oldest_go_first(self, count: int) -> bool:
-        """Most often the oldest chunks are not pinned: then they go first."""
+        """Most often the oldest chunks are not pinned: then they go first. Known without a look when they come
+        before every chunk that moved since no chunk was pinned (`_admitted`)."""
         self._end_lookup()
+        if count <= len(self._blocks) - len(self._pinned) - self._admitted:
+            return True
         return self._pinned.isdisjoint(islice(self._blocks, count))
 
     def evictable(self) -> int:
@@ -420,6 +427,8 @@ class LmcachePolicy(EvictionPolicy):
     def release(self, keys: Sequence[Key]) -> None:
         self._end_lookup()
         self._pinned.difference_update(keys)
+        if not self._pinned:
+            self._admitted = 0
 
     def keys(self) -> Iterable[Key]:
         self._end_lookup()

@@ -195,3 +195,35 @@ def test_lmcache_batch_write_evicts_what_chunk_by_chunk_writes_do(seed, drain):
         alone.release(keys)
     assert batched.counters == alone.counters and batched.counters.evictions > 100
     assert drain(batched.policy) == drain(alone.policy)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_lmcache_says_its_oldest_chunks_go_first_only_when_none_of_them_is_pinned(seed):
+    """oldest_go_first answers without a look while the oldest chunks come before all that moved since no chunk
+    was pinned; held against the pins themselves over random lookups, stores and releases, some requests never
+    releasing theirs (then the pins pile up and the answer must still be exact)."""
+    rng = random.Random(seed)
+    policy = make_policy("lmcache")
+    pinned: set[str] = set()
+    fresh = iter(range(10**9))
+    policy.admit([f"k{next(fresh)}" for _ in range(40)], 10)
+    yes = 0
+    for _ in range(400):
+        present = list(policy.keys())
+        step = rng.random()
+        if step < 0.35:  # a lookup finds a run of present chunks
+            run = rng.sample(present, min(len(present), rng.randint(1, 6)))
+            policy.served(run)
+            pinned.update(run)
+        elif step < 0.7:  # a store of new chunks, after the oldest victims went
+            policy.pop_victims(rng.randint(0, 5))
+            policy.admit([f"k{next(fresh)}" for _ in range(rng.randint(1, 6))], 10)
+        elif step < 0.85 and rng.random() < 0.7:  # the request ends (some never release)
+            policy.release(list(pinned))
+            pinned.clear()
+        count = rng.randint(1, len(policy) or 1)
+        exact = pinned.isdisjoint(list(policy.keys())[:count])
+        answer = policy.oldest_go_first(count)
+        assert answer == exact, (count, sorted(pinned))
+        yes += answer
+    assert 0 < yes < 400
