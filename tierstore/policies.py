@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import random
 import zlib
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Sequence
 from itertools import compress, filterfalse, islice, repeat
 from operator import mod, sub
@@ -385,12 +385,17 @@ class LmcachePolicy(EvictionPolicy):
         self._pinned.update(keys)
 
     def _end_lookup(self) -> None:
-        """touch_cache: the chunks the lookup found, tail first, to the recent end."""
+        """touch_cache: the chunks the lookup found, tail first, to the recent end. A C loop moves them until one
+        is gone (moved to another tier since its lookup); the rest are moved one by one, past the gone ones."""
         if self._looked_up:
             blocks = self._blocks
-            for key in reversed(self._looked_up):
-                if key in blocks:
-                    blocks.move_to_end(key)
+            found = reversed(self._looked_up)
+            try:
+                deque(map(blocks.move_to_end, found), maxlen=0)
+            except KeyError:
+                for key in found:
+                    if key in blocks:
+                        blocks.move_to_end(key)
             self._looked_up.clear()
 
     def admit(self, keys: Sequence[Key], nbytes: int) -> None:

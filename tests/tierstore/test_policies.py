@@ -227,3 +227,15 @@ def test_lmcache_says_its_oldest_chunks_go_first_only_when_none_of_them_is_pinne
         assert answer == exact, (count, sorted(pinned))
         yes += answer
     assert 0 < yes < 400
+
+
+def test_lmcache_touch_skips_a_chunk_that_left_since_its_lookup(drain):
+    """A chunk found by the lookup can move to another tier before the touch: the touch moves the others, tail
+    first, around it."""
+    policy = make_policy("lmcache")
+    policy.admit(["a0", "a1", "a2", "a3", "b0"], 10)
+    policy.served(["a0", "a1", "a2", "a3"])
+    assert policy.discard("a2") == 10
+    policy.admit(["c0"], 10)  # the touch: a3, a1, a0 to the recent end, then c0
+    policy.release(["a0", "a1", "a2", "a3"])
+    assert drain(policy) == ["b0", "a3", "a1", "a0", "c0"]
