@@ -39,8 +39,8 @@ class EvictionPolicy:
         # raise KeyError on a block the tier lacks (as the index's own lookup, used without one): a long run is
         # read by a C loop that stops there (Tier.read_run).
         self.refresh: Callable[[Key], object] | None = None
-        # What a read does to a whole run once the tier served it (LMCache pins it); None: nothing
-        self.served: Callable[[Sequence[Key]], object] | None = None
+        # What a read does to a whole run once the tier served it, keys[start:end] (LMCache pins it); None: nothing
+        self.served: Callable[[Sequence[Key], int, int], object] | None = None
 
     def __contains__(self, key: Key) -> bool:
         return key in self._blocks
@@ -373,33 +373,47 @@ class LmcachePolicy(EvictionPolicy):
     def __init__(self) -> None:
         super().__init__()
         self._looked_up: list[Key] = []  # keys_in_request: found by the lookup in progress, head first
-        self._pinned: set[Key] = set()
+        # The pins, as the runs the lookups found, each with the chain it came from: a request that releases its
+        # own chain unpins them all without a look at each chunk, and only an eviction that reaches the recent end
+        # needs them as a set (`_pinned`). `_pin_count` counts them (a chunk pinned twice, twice).
+        self._pins: list[tuple[Sequence[Key], list[Key]]] = []
+        self._pin_count = 0
         # Chunks admitted since no chunk was pinned. Since then only they and the pinned chunks (touched after
-        # their lookup) moved to the recent end, so every pinned chunk is among the last len(_pinned) + _admitted.
+        # their lookup) moved to the recent end, so every pinned chunk is among the last _pin_count + _admitted.
         self._admitted = 0
         self.served = self._found
 
-    def _found(self, keys: Sequence[Key]) -> None:
+    def _found(self, keys: Sequence[Key], start: int, end: int) -> None:
         """The chunks of a run the lookup found, each `contains(key, pin=True)`: pinned and noted."""
-        self._looked_up += keys
-        self._pinned.update(keys)
+        run = list(keys[start:end])
+        self._looked_up += run
+        self._pins.append((keys, run))
+        self._pin_count += len(run)
+
+    def _pinned(self) -> set[Key]:
+        """The chunks pinned now."""
+        pinned: set[Key] = set()
+        for _, run in self._pins:
+            pinned.update(run)
+        return pinned
 
     def _end_lookup(self) -> None:
-        """touch_cache: the chunks the lookup found, tail first, to the recent end. A C loop moves them until one
-        is gone (moved to another tier since its lookup); the rest are moved one by one, past the gone ones."""
-        if self._looked_up:
-            blocks = self._blocks
-            found = reversed(self._looked_up)
-            try:
-                deque(map(blocks.move_to_end, found), maxlen=0)
-            except KeyError:
-                for key in found:
-                    if key in blocks:
-                        blocks.move_to_end(key)
-            self._looked_up.clear()
+        """touch_cache, once a lookup found chunks (`_looked_up`; every caller tests it first, as most calls find
+        nothing to do): those chunks, tail first, to the recent end. A C loop moves them until one is gone (moved
+        to another tier since its lookup); the rest are moved one by one, past the gone ones."""
+        blocks = self._blocks
+        found = reversed(self._looked_up)
+        try:
+            deque(map(blocks.move_to_end, found), maxlen=0)
+        except KeyError:
+            for key in found:
+                if key in blocks:
+                    blocks.move_to_end(key)
+        self._looked_up.clear()
 
     def admit(self, keys: Sequence[Key], nbytes: int) -> None:
-        self._end_lookup()
+        if self._looked_up:
+            self._end_lookup()
         super().admit(keys, nbytes)
         self._admitted += len(keys)
 
@@ -410,9 +424,10 @@ class LmcachePolicy(EvictionPolicy):
     def pop_victims(self, count: int) -> list[tuple[Key, int]]:
         """The `count` least recent chunks not pinned, then (a tier smaller than a request's prefix) the oldest
         pinned ones."""
-        self._end_lookup()
+        if self._looked_up:
+            self._end_lookup()
         blocks = self._blocks
-        unpinned = list(islice(filterfalse(self._pinned.__contains__, blocks), count))
+        unpinned = list(islice(filterfalse(self._pinned().__contains__, blocks), count))
         victims = list(zip(unpinned, map(blocks.pop, unpinned), strict=True))
         while len(victims) < count and blocks:
             victims.append(blocks.popitem(last=False))
@@ -421,22 +436,34 @@ class LmcachePolicy(EvictionPolicy):
     def oldest_go_first(self, count: int) -> bool:
         """Most often the oldest chunks are not pinned: then they go first. Known without a look when they come
         before every chunk that moved since no chunk was pinned (`_admitted`)."""
-        self._end_lookup()
-        if count <= len(self._blocks) - len(self._pinned) - self._admitted:
+        if self._looked_up:
+            self._end_lookup()
+        if count <= len(self._blocks) - self._pin_count - self._admitted:
             return True
-        return self._pinned.isdisjoint(islice(self._blocks, count))
+        return self._pinned().isdisjoint(islice(self._blocks, count))
 
     def evictable(self) -> int:
-        return max(0, len(self._blocks) - len(self._pinned))  # pins of chunks gone already make it an underestimate
+        return max(0, len(self._blocks) - self._pin_count)  # pins of chunks gone already make it an underestimate
 
     def release(self, keys: Sequence[Key]) -> None:
-        self._end_lookup()
-        self._pinned.difference_update(keys)
-        if not self._pinned:
+        """lookup_unpin: the chunks of `keys` are unpinned (all of them at once when every pin came from this
+        chain, as a request releases its own)."""
+        if self._looked_up:
+            self._end_lookup()
+        if self._pins:
+            if all(chain is keys for chain, _ in self._pins):
+                self._pins.clear()
+                self._pin_count = 0
+            else:
+                left = list(self._pinned().difference(keys))
+                self._pins = [(left, left)] if left else []
+                self._pin_count = len(left)
+        if not self._pins:
             self._admitted = 0
 
     def keys(self) -> Iterable[Key]:
-        self._end_lookup()
+        if self._looked_up:
+            self._end_lookup()
         return super().keys()
 
 

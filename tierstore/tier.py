@@ -132,7 +132,7 @@ class Tier:
         if not run:
             return 0, 0
         if self._served is not None:
-            self._served(keys[start : start + run])
+            self._served(keys, start, start + run)
         block_bytes = self._block_bytes
         nbytes = run * block_bytes if block_bytes else sum(map(self._index.__getitem__, keys[start : start + run]))
         counters = self.counters

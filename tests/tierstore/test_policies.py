@@ -18,7 +18,7 @@ def read(policy: EvictionPolicy, keys: list[str]) -> None:
         for key in keys:
             policy.refresh(key)
     if policy.served is not None:
-        policy.served(keys)
+        policy.served(keys, 0, len(keys))
 
 
 def test_all_policies_evict_in_admission_order_without_reads(drain):
@@ -213,7 +213,7 @@ def test_lmcache_says_its_oldest_chunks_go_first_only_when_none_of_them_is_pinne
         step = rng.random()
         if step < 0.35:  # a lookup finds a run of present chunks
             run = rng.sample(present, min(len(present), rng.randint(1, 6)))
-            policy.served(run)
+            policy.served(run, 0, len(run))
             pinned.update(run)
         elif step < 0.7:  # a store of new chunks, after the oldest victims went
             policy.pop_victims(rng.randint(0, 5))
@@ -234,7 +234,7 @@ def test_lmcache_touch_skips_a_chunk_that_left_since_its_lookup(drain):
     first, around it."""
     policy = make_policy("lmcache")
     policy.admit(["a0", "a1", "a2", "a3", "b0"], 10)
-    policy.served(["a0", "a1", "a2", "a3"])
+    policy.served(["a0", "a1", "a2", "a3"], 0, 4)
     assert policy.discard("a2") == 10
     policy.admit(["c0"], 10)  # the touch: a3, a1, a0 to the recent end, then c0
     policy.release(["a0", "a1", "a2", "a3"])
