@@ -350,6 +350,9 @@ def stable_number(key: Key) -> Key:
     return key
 
 
+LONG_TOUCH = 16  # chunks a touch moves one by one before a C loop is worth building (LmcachePolicy._end_lookup)
+
+
 class LmcachePolicy(EvictionPolicy):
     """LMCache's CPU backend under vLLM's connector, as lmcache/v1/storage_backend/local_cpu_backend.py,
     cache_policy/lru.py and lmcache/v1/cache_engine.py have it (the store's chunks are its blocks):
@@ -376,7 +379,7 @@ class LmcachePolicy(EvictionPolicy):
         # The pins, as the runs the lookups found, each with the chain it came from: a request that releases its
         # own chain unpins them all without a look at each chunk, and only an eviction that reaches the recent end
         # needs them as a set (`_pinned`). `_pin_count` counts them (a chunk pinned twice, twice).
-        self._pins: list[tuple[Sequence[Key], list[Key]]] = []
+        self._pins: list[tuple[Sequence[Key], Sequence[Key]]] = []
         self._pin_count = 0
         # Chunks admitted since no chunk was pinned. Since then only they and the pinned chunks (touched after
         # their lookup) moved to the recent end, so every pinned chunk is among the last _pin_count + _admitted.
@@ -385,7 +388,7 @@ class LmcachePolicy(EvictionPolicy):
 
     def _found(self, keys: Sequence[Key], start: int, end: int) -> None:
         """The chunks of a run the lookup found, each `contains(key, pin=True)`: pinned and noted."""
-        run = list(keys[start:end])
+        run = keys[start:end]  # a copy: the pins do not change with the caller's list
         self._looked_up += run
         self._pins.append((keys, run))
         self._pin_count += len(run)
@@ -404,11 +407,13 @@ class LmcachePolicy(EvictionPolicy):
         blocks = self._blocks
         found = reversed(self._looked_up)
         try:
-            deque(map(blocks.move_to_end, found), maxlen=0)
+            if len(self._looked_up) > LONG_TOUCH:
+                deque(map(blocks.move_to_end, found), maxlen=0)
         except KeyError:
-            for key in found:
-                if key in blocks:
-                    blocks.move_to_end(key)
+            pass
+        for key in found:
+            if key in blocks:
+                blocks.move_to_end(key)
         self._looked_up.clear()
 
     def admit(self, keys: Sequence[Key], nbytes: int) -> None:
@@ -450,8 +455,9 @@ class LmcachePolicy(EvictionPolicy):
         chain, as a request releases its own)."""
         if self._looked_up:
             self._end_lookup()
-        if self._pins:
-            if all(chain is keys for chain, _ in self._pins):
+        pins = self._pins
+        if pins:
+            if pins[0][0] is keys and all(chain is keys for chain, _ in pins):
                 self._pins.clear()
                 self._pin_count = 0
             else:

@@ -229,13 +229,16 @@ def test_lmcache_says_its_oldest_chunks_go_first_only_when_none_of_them_is_pinne
     assert 0 < yes < 400
 
 
-def test_lmcache_touch_skips_a_chunk_that_left_since_its_lookup(drain):
+@pytest.mark.parametrize("found", [4, 40])  # a short lookup's touch, and a long one's (a C loop until the gap)
+def test_lmcache_touch_skips_a_chunk_that_left_since_its_lookup(drain, found):
     """A chunk found by the lookup can move to another tier before the touch: the touch moves the others, tail
     first, around it."""
+    chain = [f"a{index}" for index in range(found)]
+    gone = chain[found // 2]
     policy = make_policy("lmcache")
-    policy.admit(["a0", "a1", "a2", "a3", "b0"], 10)
-    policy.served(["a0", "a1", "a2", "a3"], 0, 4)
-    assert policy.discard("a2") == 10
-    policy.admit(["c0"], 10)  # the touch: a3, a1, a0 to the recent end, then c0
-    policy.release(["a0", "a1", "a2", "a3"])
-    assert drain(policy) == ["b0", "a3", "a1", "a0", "c0"]
+    policy.admit([*chain, "b0"], 10)
+    policy.served(chain, 0, found)
+    assert policy.discard(gone) == 10
+    policy.admit(["c0"], 10)  # the touch: the chain but `gone`, tail first, to the recent end; then c0
+    policy.release(chain)
+    assert drain(policy) == ["b0", *[key for key in reversed(chain) if key != gone], "c0"]
