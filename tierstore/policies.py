@@ -17,6 +17,7 @@ import random
 import zlib
 from collections import OrderedDict, deque
 from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Sequence
+from contextlib import suppress
 from itertools import compress, filterfalse, islice, repeat
 from operator import mod, sub
 from typing import ClassVar
@@ -402,15 +403,13 @@ class LmcachePolicy(EvictionPolicy):
 
     def _end_lookup(self) -> None:
         """touch_cache, once a lookup found chunks (`_looked_up`; every caller tests it first, as most calls find
-        nothing to do): those chunks, tail first, to the recent end. A C loop moves them until one is gone (moved
-        to another tier since its lookup); the rest are moved one by one, past the gone ones."""
+        nothing to do): those chunks, tail first, to the recent end. A long lookup's are moved by a C loop until
+        one is gone (moved to another tier since its lookup); the rest one by one, past the gone ones."""
         blocks = self._blocks
         found = reversed(self._looked_up)
-        try:
-            if len(self._looked_up) > LONG_TOUCH:
+        if len(self._looked_up) > LONG_TOUCH:
+            with suppress(KeyError):
                 deque(map(blocks.move_to_end, found), maxlen=0)
-        except KeyError:
-            pass
         for key in found:
             if key in blocks:
                 blocks.move_to_end(key)
