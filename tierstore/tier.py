@@ -272,16 +272,10 @@ class Tier:
         count = min(-(-excess // block_bytes), len(index))
         if self._keeps_bytes or not self.policy.oldest_go_first(count):
             return self._drop(self.policy.pop_victims(count), keep_evicted)
-        popitem, fates = index.popitem, self.fates  # the victims are the index's head, popped in a tight loop
+        popitem = index.popitem  # the victims are the index's head, popped in a tight loop
         if keep_evicted:
             return self._count_evicted([Evicted(*popitem(False)) for _ in repeat(None, count)], count * block_bytes)
-        if fates is None:  # counted, not kept: no object a victim
-            for _ in repeat(None, count):
-                popitem(False)
-        else:  # each victim's fate noted as it is popped
-            name = self.name
-            for _ in repeat(None, count):
-                fates[popitem(False)[0]] = name
+        self._note_evicted([popitem(False)[0] for _ in repeat(None, count)])  # counted, not kept: no object a victim
         self._count_evictions(count, count * block_bytes)
         return []
 
