@@ -22,20 +22,25 @@ import time
 from statistics import median
 
 from run_header import print_run_header
-from sim import REQUEST_GOAL_RATIO, Stream, long_output_streams, lookup_per_block, replay_naive, trace_stream
+from sim import (
+    REQUEST_GOAL_RATIO,
+    Stream,
+    long_output_streams,
+    lookup_per_block,
+    replay_naive,
+    stream_engine,
+    trace_stream,
+)
 
-from kvscope.tierstore.ab import build_engine, build_store, request_clock
 from kvscope.tierstore.mooncake_tier import MooncakeTier
 
 
 def serve_seconds(stream: Stream, causes: bool, checks: bool) -> float:
     """EngineEmulator.serve over the stream on the arm's clock, as bench/sim.py times it, with or without the miss
     ledger (`causes`) and the existence checks' leases (`checks`)."""
-    arm = stream.scenario.arms[stream.arm]
-    store = build_store(arm, stream.block_bytes, stream.arm, None)
-    engine = build_engine(stream.scenario, store, request_clock(arm, store), explains_misses=causes)
+    engine = stream_engine(stream, explains_misses=causes)
     if not checks:
-        for tier in store.tiers:
+        for tier in engine.store.tiers:
             if isinstance(tier, MooncakeTier):
                 tier.probe = lambda keys: None  # the existence check leases nothing
     start = time.perf_counter()

@@ -53,6 +53,7 @@ from run_header import print_run_header
 
 from kvscope.tierstore.ab import build_engine, build_store, request_clock
 from kvscope.tierstore.backends import FileBackend
+from kvscope.tierstore.engine import EngineEmulator
 from kvscope.tierstore.scenario import Scenario, load_scenario, parse_scenario
 from kvscope.tierstore.workloads import Request, make_workload
 from kvscope.units import parse_size
@@ -263,11 +264,17 @@ def replay_store(stream: Stream) -> Replay:
     return result
 
 
-def replay_engine(stream: Stream) -> Replay:
-    """kvscope's whole request path: EngineEmulator.serve over the stream (on the arm's clock), timed as one loop."""
+def stream_engine(stream: Stream, explains_misses: bool = True) -> EngineEmulator:
+    """The engine `kvscope ab run` would serve the stream's arm with, on a fresh store and the arm's clock."""
     arm = stream.scenario.arms[stream.arm]
     store = build_store(arm, stream.block_bytes, stream.arm, None)
-    engine = build_engine(stream.scenario, store, request_clock(arm, store))
+    return build_engine(stream.scenario, store, request_clock(arm, store), explains_misses=explains_misses)
+
+
+def replay_engine(stream: Stream) -> Replay:
+    """kvscope's whole request path: EngineEmulator.serve over the stream (on the arm's clock), timed as one loop."""
+    engine = stream_engine(stream)
+    store = engine.store
     start = time.perf_counter()
     served = list(map(engine.serve, stream.requests))
     elapsed = time.perf_counter() - start
