@@ -185,31 +185,20 @@ def _predict_arm(
     explanation = [f"capacity {format_bytes(capacity)} ({how}); evictions by {evicts}"]
     ideal_causes = [_dominant_ideal_cause(r) for r in result.rounds]
     none_lost: list[str | None] = [None] * len(result.rounds)
+
+    def without_collapse(overflow_round: int | None, causes: list[str | None]) -> ArmPrediction:
+        return ArmPrediction(capacity, policy, overflow_round, None, explanation, dominant_miss_causes=causes,
+                             dominant_lost_hit_causes=none_lost)  # fmt: skip
+
     if overflow is None:
         explanation.append("the working set never exceeds it: every round can reach its ideal, no collapse")
-        return ArmPrediction(
-            capacity,
-            policy,
-            None,
-            None,
-            explanation,
-            dominant_miss_causes=ideal_causes,
-            dominant_lost_hit_causes=none_lost,
-        )
+        return without_collapse(None, ideal_causes)
     footprint = result.rounds[overflow - 1].footprint_bytes
     explanation.append(f"round {overflow} is the first whose working set ({format_bytes(footprint)}) exceeds it")
     if not isinstance(workload, MultiRoundWorkload):
         explanation.append("for a trace, whether the overflow collapses depends on reuse: run the A/B to see")
         causes = ideal_causes[: overflow - 1] + [None] * (len(result.rounds) - overflow + 1)
-        return ArmPrediction(
-            capacity,
-            policy,
-            overflow,
-            None,
-            explanation,
-            dominant_miss_causes=causes,
-            dominant_lost_hit_causes=none_lost,
-        )
+        return without_collapse(overflow, causes)
     collapse, reason = _collapse_round(workload, result, capacity, policy, overflow)
     explanation.append(reason)
     if len(arm.tiers) > 1:
@@ -217,15 +206,7 @@ def _predict_arm(
     if workload.spec.order != "round_robin":
         explanation.append("the model assumes round-robin order: with shuffled order treat it as approximate")
     if collapse is None:
-        return ArmPrediction(
-            capacity,
-            policy,
-            overflow,
-            None,
-            explanation,
-            dominant_miss_causes=ideal_causes,
-            dominant_lost_hit_causes=none_lost,
-        )
+        return without_collapse(overflow, ideal_causes)
     segment = _is_segment(arm, holding)
     followed = follow_rounds(workload, "mooncake" if segment else holding.policy,
                              holding.capacity if segment else capacity, scenario.block_bytes, workload.round_count,
